@@ -1,0 +1,1 @@
+"""fittrain's built-in callbacks, installed as the package `fittrain.callbacks`."""

@@ -1,0 +1,510 @@
+"""The Accelerator: Hugging Face Accelerate's vocabulary over plain torch.distributed.
+
+A thin facade. Process facts live in `state`, precision in `precision`, wrappers in `optim`
+and `data`, model wrapping in `parallel`, collectives in `collectives` and the checkpoint
+layout in `checkpoint`. This class wires them together for one run and keeps no global state.
+
+Example:
+    >>> accelerator = Accelerator()
+    >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    >>> for inputs, targets in loader:
+    ...     optimizer.zero_grad()
+    ...     loss = loss_fn(model(inputs), targets)
+    ...     accelerator.backward(loss)
+    ...     optimizer.step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pathlib
+import warnings
+from typing import Any, Callable, ContextManager, Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import checkpoint, collectives, parallel
+from .checkpoint import ProjectConfiguration, StateParts
+from .data import DataLoaderShard, SkippedDataLoader
+from .model_io import save_model_weights
+from .optim import AcceleratedOptimizer, AcceleratedScheduler
+from .precision import AutocastForward, check_precision, make_precision
+from .state import DistributedType, ProcessState
+from .storage import CheckpointReader, atomic_checkpoint
+from .sync import GradientState
+
+_Scheduler = torch.optim.lr_scheduler.LRScheduler
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
+    return value
+
+
+class Accelerator:
+    """Runs a PyTorch training loop on one or many processes, in mixed precision if asked.
+
+    Args:
+        mixed_precision: "no", "fp16" or "bf16" (None means "no"). fp16 also works on CPU.
+        gradient_accumulation_steps: Batches per optimizer step inside `accumulate()`.
+        cpu: Use the CPU even when an accelerator is present.
+        device_placement: Move prepared models and batches to `device`.
+        split_batches: Split each loader batch across processes instead of giving each whole batches.
+        even_batches: Pad the last round of batches so all processes take the same number of steps.
+        project_dir: Root for checkpoints and logs (shortcut for `project_config.project_dir`).
+        project_config: A `ProjectConfiguration` for checkpoint naming and limits.
+        step_scheduler_with_optimizer: Step prepared schedulers only when the optimizer really steps.
+        strategy: "auto" or "ddp" (DistributedDataParallel when >1 process) or "fsdp" (FSDP2).
+        fsdp_classes: Module classes to wrap with `fully_shard` under "fsdp"; default: every child
+            that holds parameters.
+    """
+
+    def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
+                 device_placement: bool = True, split_batches: bool = False, even_batches: bool = True,
+                 project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
+                 step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
+                 fsdp_classes: Iterable[type] | None = None) -> None:
+        mixed_precision = check_precision(mixed_precision)
+        _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+        self.strategy = parallel.check_strategy(strategy)
+        self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self.state = ProcessState.from_environment(cpu=cpu)
+        self.precision = make_precision(mixed_precision, self.state.device)
+        self.gradient_state = GradientState(num_steps=gradient_accumulation_steps)
+        self.device_placement = device_placement
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoaderShard] = []
+        self._custom_objects: list[Any] = []
+
+    # ----------------------------------------------------------------- facts
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.state.device
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes take part."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """This process's global rank."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its node."""
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is global rank 0."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 on its node."""
+        return self.state.is_local_main_process
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """NO, MULTI_CPU, MULTI_GPU or FSDP."""
+        return self.state.distributed_type(self.strategy)
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.state.is_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        """"no", "fp16" or "bf16"."""
+        return self.precision.name
+
+    @mixed_precision.setter
+    def mixed_precision(self, value: str | None) -> None:
+        if self._models:
+            raise RuntimeError("Set mixed_precision before prepare(): prepared models already use "
+                               f"{self.precision.name!r}.")
+        self.precision = make_precision(check_precision(value), self.state.device)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Batches accumulated per optimizer step inside `accumulate()`."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = _check_positive_int("gradient_accumulation_steps", value)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on batches that end an accumulation window: the optimizer really steps."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last step was skipped because fp16 gradients overflowed."""
+        return self.gradient_state.step_was_skipped
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project's root folder."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Where loggers write."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def step(self) -> int:
+        """Batches counted by `accumulate()` in the current window."""
+        return self.gradient_state.batches_seen
+
+    # ----------------------------------------------------------------- prepare
+    def prepare(self, *objs: Any) -> Any:
+        """Readies models, optimizers, dataloaders and schedulers for this run.
+
+        Models go to the device and into DDP or FSDP2; optimizers and schedulers learn about
+        accumulation and precision; dataloaders are sharded and place batches on the device.
+        Anything else passes through. Preparing an object twice returns it unchanged.
+
+        Returns:
+            The prepared objects in the order given (a single object when one was given).
+        """
+        rebinding: dict[int, nn.Parameter] = {}
+        prepared = list(objs)
+        for i, obj in enumerate(objs):
+            if isinstance(obj, nn.Module) and not self._is_prepared(obj):
+                prepared[i] = self._prepare_model(obj, rebinding)
+        for i, obj in enumerate(objs):
+            if isinstance(obj, torch.optim.Optimizer) and not self._is_prepared(obj):
+                parallel.rebind_optimizer(obj, rebinding)
+                prepared[i] = self._register(self._optimizers, AcceleratedOptimizer(
+                    obj, self.gradient_state, self.precision))
+            elif isinstance(obj, DataLoader):
+                prepared[i] = self._register(self._dataloaders, DataLoaderShard(
+                    obj, self.device if self.device_placement else None, self.gradient_state,
+                    self.num_processes, self.process_index, self.split_batches, self.even_batches))
+        for i, obj in enumerate(objs):
+            if isinstance(obj, _Scheduler) and not self._is_prepared(obj):
+                steps = 1 if self.split_batches else self.num_processes
+                prepared[i] = self._register(self._schedulers, AcceleratedScheduler(
+                    obj, self.gradient_state, self.step_scheduler_with_optimizer, steps))
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _is_prepared(self, obj: Any) -> bool:
+        pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]
+        return any(obj is p for pool in pools for p in pool)
+
+    @staticmethod
+    def _register(pool: list[Any], obj: Any) -> Any:
+        pool.append(obj)
+        return obj
+
+    def _prepare_model(self, model: nn.Module, rebinding: dict[int, nn.Parameter]) -> nn.Module:
+        if self.device_placement:
+            model = model.to(self.device)
+        before = parallel.parameter_slots(model)
+        wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes)
+        after = dict(parallel.parameter_slots(parallel.unwrap(wrapped)))
+        # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
+        rebinding.update({id(p): after[name] for name, p in before if name in after and after[name] is not p})
+        self.precision.wrap_forward(wrapped)
+        return self._register(self._models, wrapped)
+
+    # ----------------------------------------------------------------- the step
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagates `loss`, averaged over the accumulation window and scaled for fp16."""
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        self.precision.scale_loss(loss).backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Marks one batch of an accumulation window; skips gradient sync until its last batch.
+
+        Inside, `sync_gradients` tells whether the optimizer will really step. The window also
+        closes on the last batch of a prepared loader.
+        """
+        self.gradient_state.begin_batch()
+        with contextlib.ExitStack() as stack:
+            if not self.gradient_state.sync_gradients:
+                for model in models:
+                    stack.enter_context(parallel.no_sync(model))
+            yield
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """A context in which backward does not synchronise `model`'s gradients across processes."""
+        return parallel.no_sync(model)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Divides fp16 gradients by the loss scale (once per step); a no-op otherwise."""
+        targets = [optimizer] if optimizer is not None else self._optimizers
+        for opt in targets:
+            self.precision.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float = 2) -> torch.Tensor:
+        """Clips gradients to a total norm of `max_norm`, after unscaling fp16 gradients.
+
+        Returns:
+            The total norm of the gradients before clipping.
+        """
+        if self.gradient_state.sync_gradients:
+            self.unscale_gradients()
+        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamps every gradient element to [-clip_value, clip_value], after unscaling."""
+        if self.gradient_state.sync_gradients:
+            self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+
+    def autocast(self, autocast_handler: Any = None) -> ContextManager[None]:
+        """A context for code outside the model that should run in the mixed precision."""
+        return self.precision.autocast()
+
+    # ----------------------------------------------------------------- models and saving
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        """Returns the user's module from inside DDP, optionally removing the autocast forward."""
+        if not keep_fp32_wrapper:
+            for candidate in (model, parallel.unwrap(model)):
+                forward = candidate.__dict__.get("forward")
+                if isinstance(forward, AutocastForward):
+                    del candidate.forward
+        return parallel.unwrap(model)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered from every rank under FSDP2; call it on all)."""
+        return parallel.full_state_dict(model)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Writes the unwrapped model's weights as safetensors (sharded past `max_shard_size`).
+
+        Every process must call it under FSDP2, which gathers the shards; only the main process writes.
+        """
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Saves `obj` with torch.save (or safetensors) from the main process only."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, os.fspath(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    # ----------------------------------------------------------------- processes
+    def wait_for_everyone(self) -> None:
+        """Blocks until every process reaches this line."""
+        self.state.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, on the main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenates tensors (or nested structures of them) from all processes along dim 0."""
+        return collectives.gather(tensor, self.state)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
+        if use_gather_object or not _holds_tensors(input_data):
+            gathered = [x for part in collectives.gather_object(input_data, self.state) for x in _as_list(part)]
+        else:
+            gathered = collectives.gather(input_data, self.state)
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder:
+            gathered = _truncate(gathered, remainder)
+        return gathered
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sums or averages tensors across processes."""
+        return collectives.reduce(tensor, self.state, reduction, scale)
+
+    def broadcast(self, obj: Any, from_process: int = 0) -> Any:
+        """Copies tensors, or any picklable object, from `from_process` to all processes."""
+        if _holds_tensors(obj):
+            return collectives.broadcast(obj, self.state, from_process)
+        return collectives.broadcast_object(obj, self.state, from_process)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pads tensors along `dim` to the largest size on any process."""
+        return collectives.pad_across_processes(tensor, self.state, dim, pad_index, pad_first)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
+        """A context that yields this process's share of `inputs`."""
+        return collectives.split_between_processes(inputs, self.state, apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Runs the block on the main process first, then on the others (e.g. to download once)."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Like `main_process_first`, per node."""
+        with self.main_process_first():
+            yield
+
+    # ----------------------------------------------------------------- checkpoints
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Adds objects whose `state_dict()` travels in every `save_state`.
+
+        Raises:
+            ValueError: for an object without both `state_dict` and `load_state_dict`.
+        """
+        for obj in objects:
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise ValueError(
+                    "register_for_checkpointing() needs objects with state_dict() and load_state_dict() methods. "
+                    f"Received: {obj!r} (type {type(obj).__name__}), which lacks them. Add both methods."
+                )
+        self._custom_objects.extend(objects)
+
+    def _state_parts(self) -> StateParts:
+        return StateParts(
+            model_state_dicts=[self.get_state_dict(m) for m in self._models],
+            optimizers=self._optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
+            custom=self._custom_objects, precision=self.precision,
+            accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
+                               "mixed_precision": self.mixed_precision})
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
+        """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects.
+
+        The folder is written under a temporary name and renamed when complete, so a crash never
+        leaves a folder that looks complete. With automatic naming, `output_dir` is chosen as
+        `{project_dir}/checkpoints/checkpoint_{i}` and old ones beyond `total_limit` are deleted.
+
+        Returns:
+            The folder written.
+        """
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            target = config.next_checkpoint_dir()
+        elif output_dir is None:
+            raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
+                             "automatic_checkpoint_naming=True. Received: output_dir=None.")
+        else:
+            target = pathlib.Path(output_dir)
+        parts = self._state_parts()
+        with atomic_checkpoint(target, is_main_process=self.is_main_process, barrier=self.wait_for_everyone) as w:
+            checkpoint.write_state(w, parts, self.process_index, self.is_main_process)
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+            if self.is_main_process:
+                config.prune()
+        return os.fspath(target)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
+        """Restores everything `save_state` saved. Data loaders get their position back but are not
+        moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
+
+        With `input_dir=None` and automatic naming, loads the newest intact checkpoint.
+
+        Raises:
+            FileNotFoundError: when the folder does not exist.
+            CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file;
+                nothing is changed in that case.
+
+        Returns:
+            The folder loaded.
+        """
+        if input_dir is None:
+            if not self.project_configuration.automatic_checkpoint_naming:
+                raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
+                                 "automatic_checkpoint_naming=True. Received: input_dir=None.")
+            source = checkpoint.latest_checkpoint(self.project_configuration.checkpoints_dir, warnings.warn)
+        else:
+            source = pathlib.Path(input_dir)
+        reader = CheckpointReader(source)
+        parts = StateParts([{}] * len(self._models), self._optimizers, self._schedulers, self._dataloaders,
+                           self._custom_objects, self.precision, {})
+        loaded = checkpoint.read_state(reader, parts, self.process_index)
+        checkpoint.apply_state(loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd))
+        self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
+        self.project_configuration.after_load(source)
+        return os.fspath(source)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """One pass of a prepared loader that starts after `num_batches` batches, loading none of them."""
+        if isinstance(dataloader, SkippedDataLoader):
+            dataloader = dataloader.loader
+        if not isinstance(dataloader, DataLoaderShard):
+            raise TypeError("skip_first_batches() takes a DataLoader returned by prepare(). "
+                            f"Received: {type(dataloader).__name__}. Prepare it first.")
+        return SkippedDataLoader(dataloader, num_batches)
+
+    # ----------------------------------------------------------------- teardown
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forgets prepared objects and frees cached device memory.
+
+        Returns:
+            A list of None, one per object, to rebind the caller's names to.
+        """
+        for pool in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            pool.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        """Leaves the process group so the script can exit cleanly."""
+        self.state.shutdown()
+
+
+def _holds_tensors(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return bool(obj) and all(_holds_tensors(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return bool(obj) and all(_holds_tensors(v) for v in obj)
+    return False
+
+
+def _as_list(obj: Any) -> list[Any]:
+    return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+
+
+def _truncate(data: Any, length: int) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data[:length]
+    if isinstance(data, dict):
+        return type(data)((k, _truncate(v, length)) for k, v in data.items())
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_truncate(v, length) for v in data))
+    if isinstance(data, (list, tuple)) and data and all(isinstance(v, torch.Tensor) for v in data):
+        return type(data)(_truncate(v, length) for v in data)
+    return data[:length]

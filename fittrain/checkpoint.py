@@ -1,0 +1,203 @@
+"""save_state/load_state: what goes into a checkpoint folder, and the project's naming scheme.
+
+Layout of one folder (written atomically through `storage.atomic_checkpoint`):
+
+    model.safetensors, model_1.safetensors, ...   unwrapped weights; load with safetensors alone
+    optimizer.pt, optimizer_1.pt, ...            optimizer state_dicts (weights_only)
+    scheduler.pt, ...                             LR scheduler state_dicts (weights_only)
+    scaler.pt                                     fp16 GradScaler state, when fp16 is on
+    random_states_{rank}.pt                       Python/NumPy/torch/CUDA RNG, one file per rank
+    custom_checkpoint_{i}.pt                      objects given to register_for_checkpointing
+    accelerator_state.json                        step counter, data positions, world size
+    manifest.json                                 every file's size and crc32, written last
+
+Nothing here is ever read by unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .rng import capture_rng_state, restore_rng_state
+from .storage import CheckpointError, CheckpointReader, CheckpointWriter, is_intact, list_checkpoints
+
+CHECKPOINTS_DIR = "checkpoints"
+PREFIX = "checkpoint_"
+
+
+@dataclasses.dataclass
+class ProjectConfiguration:
+    """Where a project keeps its checkpoints and logs, and how checkpoints are named.
+
+    With `automatic_checkpoint_naming`, `save_state()` writes
+    `{project_dir}/checkpoints/checkpoint_{iteration}`, keeps at most `total_limit` of them, and
+    `load_state()` loads the newest complete one.
+
+    Args:
+        project_dir: Root folder of the project; defaults to the working directory.
+        logging_dir: Where loggers write; defaults to `{project_dir}/logs`.
+        automatic_checkpoint_naming: Name checkpoint folders automatically.
+        total_limit: Keep at most this many automatic checkpoints (oldest are deleted).
+        iteration: Number of the next automatic checkpoint.
+        save_on_each_node: Accepted for Accelerate compatibility; fittrain writes shared files once.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ValueError(
+                f"`total_limit` must be a positive int or None. Received: total_limit={self.total_limit!r}."
+            )
+        self.set_directories(self.project_dir)
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Sets `project_dir` and derives `logging_dir` from it when none was given."""
+        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        if self.logging_dir is None and self.project_dir is not None:
+            self.logging_dir = os.path.join(self.project_dir, "logs")
+
+    @property
+    def checkpoints_dir(self) -> pathlib.Path:
+        """The folder that holds automatically named checkpoints."""
+        return pathlib.Path(self.project_dir or ".") / CHECKPOINTS_DIR
+
+    def next_checkpoint_dir(self) -> pathlib.Path:
+        """The folder for the next automatic save; never one that already exists."""
+        existing = [int(p.name[len(PREFIX):]) for p in list_checkpoints(self.checkpoints_dir, PREFIX)]
+        self.iteration = max([self.iteration, *(i + 1 for i in existing)])
+        return self.checkpoints_dir / f"{PREFIX}{self.iteration}"
+
+    def after_load(self, loaded: pathlib.Path) -> None:
+        """Continues automatic numbering after the checkpoint just loaded."""
+        name = loaded.name
+        if name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+            self.iteration = max(self.iteration, int(name[len(PREFIX):]) + 1)
+
+    def prune(self) -> None:
+        """Deletes the oldest automatic checkpoints beyond `total_limit`."""
+        if self.total_limit is None:
+            return
+        folders = list_checkpoints(self.checkpoints_dir, PREFIX)
+        for old in folders[:-self.total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None]) -> pathlib.Path:
+    """The newest intact `checkpoint_{i}` under `root`, warning about damaged newer ones.
+
+    Raises:
+        FileNotFoundError: when `root` holds no intact checkpoint.
+    """
+    for folder in reversed(list_checkpoints(root, PREFIX)):
+        if is_intact(folder):
+            return folder
+        warn(f"Skipping checkpoint {folder}: it is incomplete or damaged (manifest check failed).")
+    raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
+
+
+def _indexed(base: str, i: int, ext: str) -> str:
+    return f"{base}{'' if i == 0 else f'_{i}'}.{ext}"
+
+
+@dataclasses.dataclass
+class StateParts:
+    """The live objects whose state one checkpoint captures.
+
+    Attributes:
+        model_state_dicts: Full state dicts of the unwrapped models (gathered under FSDP2).
+        optimizers, schedulers, dataloaders, custom: Objects with state_dict/load_state_dict.
+        precision: The precision object (its scaler state is saved when fp16 is on).
+        accelerator_state: Small JSON-safe facts, such as the accumulation step counter.
+    """
+
+    model_state_dicts: list[dict[str, torch.Tensor]]
+    optimizers: Sequence[Any]
+    schedulers: Sequence[Any]
+    dataloaders: Sequence[Any]
+    custom: Sequence[Any]
+    precision: Any
+    accelerator_state: dict[str, Any]
+
+
+def write_state(writer: CheckpointWriter, parts: StateParts, rank: int, is_main_process: bool) -> None:
+    """Writes every file of one checkpoint; shared files from the main process only."""
+    writer.write_torch(f"random_states_{rank}.pt", capture_rng_state())
+    if not is_main_process:
+        return
+    for i, state_dict in enumerate(parts.model_state_dicts):
+        writer.write_tensors(_indexed("model", i, "safetensors"), state_dict, {"format": "pt"})
+    for i, opt in enumerate(parts.optimizers):
+        writer.write_torch(_indexed("optimizer", i, "pt"), opt.state_dict())
+    for i, sched in enumerate(parts.schedulers):
+        writer.write_torch(_indexed("scheduler", i, "pt"), sched.state_dict())
+    for i, obj in enumerate(parts.custom):
+        writer.write_torch(f"custom_checkpoint_{i}.pt", obj.state_dict())
+    scaler = parts.precision.state_dict()
+    if scaler:
+        writer.write_torch("scaler.pt", scaler)
+    meta = dict(parts.accelerator_state, dataloaders=[dl.state_dict() for dl in parts.dataloaders])
+    writer.write_json("accelerator_state.json", meta)
+
+
+def _require(reader: CheckpointReader, name: str, what: str) -> None:
+    if not reader.has(name):
+        raise CheckpointError(
+            f"Checkpoint {reader.path} has no {name}, but this run has {what}. Prepare the same models, "
+            "optimizers and schedulers, in the same order, as the run that saved it."
+        )
+
+
+def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
+    """Reads and verifies every file this process needs, without changing any live object.
+
+    Returns:
+        The loaded pieces, to hand to `apply_state` once all of them proved intact.
+    """
+    names = {
+        "models": [_indexed("model", i, "safetensors") for i in range(len(parts.model_state_dicts))],
+        "optimizers": [_indexed("optimizer", i, "pt") for i in range(len(parts.optimizers))],
+        "schedulers": [_indexed("scheduler", i, "pt") for i in range(len(parts.schedulers))],
+        "custom": [f"custom_checkpoint_{i}.pt" for i in range(len(parts.custom))],
+    }
+    for kind, files in names.items():
+        for name in files:
+            _require(reader, name, f"a matching entry among its {kind}")
+    rng_name = f"random_states_{rank}.pt"
+    _require(reader, rng_name, f"a process of rank {rank}")
+    return {
+        "models": [reader.read_tensors(n) for n in names["models"]],
+        "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
+        "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
+        "custom": [reader.read_torch(n) for n in names["custom"]],
+        "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
+        "rng": reader.read_torch(rng_name),
+        "meta": reader.read_json("accelerator_state.json") if reader.has("accelerator_state.json") else {},
+    }
+
+
+def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None]) -> None:
+    """Restores live objects from `read_state`'s result, RNG last so nothing draws after it."""
+    for i, state_dict in enumerate(loaded["models"]):
+        load_model(i, state_dict)
+    for obj, state in zip(parts.optimizers, loaded["optimizers"]):
+        obj.load_state_dict(state)
+    for obj, state in zip(parts.schedulers, loaded["schedulers"]):
+        obj.load_state_dict(state)
+    for obj, state in zip(parts.custom, loaded["custom"]):
+        obj.load_state_dict(state)
+    parts.precision.load_state_dict(loaded["scaler"])
+    for dl, state in zip(parts.dataloaders, loaded["meta"].get("dataloaders", [])):
+        dl.load_state_dict(state)
+    restore_rng_state(loaded["rng"])

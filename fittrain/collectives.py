@@ -1,0 +1,160 @@
+"""Collectives over nested structures of tensors, with one process as the trivial case.
+
+Every function takes the `ProcessState` of its Accelerator; with one process they return their
+input (or a copy) without touching torch.distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .state import ProcessState
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """Applies `fn` to each tensor inside dicts, lists, tuples and namedtuples."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(fn, v)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_tensors(fn, v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(fn, v) for v in obj)
+    raise TypeError(
+        f"Collectives take tensors or dicts/lists/tuples of tensors. Received an object of type "
+        f"{type(obj).__name__}; convert it to a tensor, or use gather_object for Python objects."
+    )
+
+
+def gather_object(obj: Any, state: ProcessState) -> list[Any]:
+    """Returns the list of `obj` from every process, in rank order."""
+    if not state.is_distributed:
+        return [obj]
+    out: list[Any] = [None] * state.num_processes
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _gather_one(tensor: torch.Tensor, state: ProcessState) -> torch.Tensor:
+    tensor = tensor.detach()
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    shapes = gather_object(tuple(tensor.shape), state)
+    if len({s[1:] for s in shapes}) > 1:
+        listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
+        raise ValueError(
+            f"gather() needs tensors whose shapes match beyond the first dimension. Received {listing}. "
+            "Pad them first with pad_across_processes()."
+        )
+    longest = max(s[0] for s in shapes)
+    padded = tensor
+    if tensor.shape[0] < longest:
+        filler = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        padded = torch.cat([tensor, filler])
+    # gloo has no bool all_gather; uint8 round-trips it exactly.
+    wire = padded.to(torch.uint8) if padded.dtype == torch.bool else padded.contiguous()
+    parts = [torch.empty_like(wire) for _ in shapes]
+    dist.all_gather(parts, wire)
+    parts = [p[:s[0]].to(tensor.dtype) for p, s in zip(parts, shapes)]
+    return torch.cat(parts)
+
+
+def gather(data: Any, state: ProcessState) -> Any:
+    """Concatenates each tensor of `data` across processes along the first dimension.
+
+    Sizes along the first dimension may differ between ranks; other dimensions must match.
+    """
+    if not state.is_distributed:
+        return data
+    return _map_tensors(lambda t: _gather_one(t, state), data)
+
+
+def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sums (or averages, with reduction="mean") each tensor of `data` across processes."""
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"`reduction` must be 'sum', 'mean' or 'none'. Received: reduction={reduction!r}.")
+
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone()
+        if state.is_distributed and reduction != "none":
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            out = out / state.num_processes
+        return out * scale if scale != 1.0 else out
+
+    return _map_tensors(one, data)
+
+
+def broadcast(data: Any, state: ProcessState, from_process: int = 0) -> Any:
+    """Copies each tensor of `data` from `from_process` to every process (in place)."""
+    if not state.is_distributed:
+        return data
+
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(tensor, src=from_process)
+        return tensor
+
+    return _map_tensors(one, data)
+
+
+def broadcast_object(obj: Any, state: ProcessState, from_process: int = 0) -> Any:
+    """Returns `from_process`'s `obj` on every process."""
+    if not state.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=from_process)
+    return box[0]
+
+
+def pad_across_processes(data: Any, state: ProcessState, dim: int = 0, pad_index: int = 0,
+                         pad_first: bool = False) -> Any:
+    """Pads each tensor along `dim` to the largest size any process has, so it can be gathered."""
+    if not state.is_distributed:
+        return data
+
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 0 or dim >= tensor.ndim:
+            return tensor
+        longest = max(gather_object(tensor.shape[dim], state))
+        if tensor.shape[dim] == longest:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = longest - tensor.shape[dim]
+        filler = tensor.new_full(shape, pad_index)
+        return torch.cat([filler, tensor] if pad_first else [tensor, filler], dim=dim)
+
+    return _map_tensors(one, data)
+
+
+@contextlib.contextmanager
+def split_between_processes(inputs: Any, state: ProcessState, apply_padding: bool = False) -> Iterator[Any]:
+    """Yields this process's contiguous share of a list, tuple, tensor or dict of those.
+
+    Shares differ by at most one element; with `apply_padding` the last element is repeated so
+    all shares have equal length (gather then needs no uneven handling).
+    """
+    n, rank = state.num_processes, state.process_index
+
+    def share(seq: Any) -> Any:
+        length = len(seq)
+        per, extra = divmod(length, n)
+        start = rank * per + min(rank, extra)
+        end = start + per + (1 if rank < extra else 0)
+        part = seq[start:end]
+        want = math.ceil(length / n)
+        if apply_padding and len(part) < want and length:
+            pad = seq[-1:] * (want - len(part)) if not isinstance(seq, torch.Tensor) else seq[-1:].repeat(
+                (want - len(part),) + (1,) * (seq.ndim - 1))
+            part = torch.cat([part, pad]) if isinstance(seq, torch.Tensor) else part + pad
+        return part
+
+    if isinstance(inputs, dict):
+        yield {k: share(v) for k, v in inputs.items()}
+    else:
+        yield share(inputs)
