@@ -5,8 +5,14 @@ Re-exports only; see DESIGN.md for the public contract.
 
 from .accelerator import Accelerator
 from .checkpoint import ProjectConfiguration
+from .events import Callback, Event
+from .module import TrainModule
 from .state import DistributedType
 from .storage import CheckpointError
+from .trainer import Trainer, TrainState
 
-__all__ = ["Accelerator", "CheckpointError", "DistributedType", "ProjectConfiguration"]
+__all__ = [
+    "Accelerator", "Callback", "CheckpointError", "DistributedType", "Event", "ProjectConfiguration",
+    "TrainModule", "TrainState", "Trainer",
+]
 __version__ = "0.1.0"

@@ -198,15 +198,27 @@ class Accelerator:
                 prepared[i] = self._register(self._optimizers, AcceleratedOptimizer(
                     obj, self.gradient_state, self.precision))
             elif isinstance(obj, DataLoader):
-                prepared[i] = self._register(self._dataloaders, DataLoaderShard(
-                    obj, self.device if self.device_placement else None, self.gradient_state,
-                    self.num_processes, self.process_index, self.split_batches, self.even_batches))
+                prepared[i] = self.prepare_data_loader(obj)
         for i, obj in enumerate(objs):
             if isinstance(obj, _Scheduler) and not self._is_prepared(obj):
                 steps = 1 if self.split_batches else self.num_processes
                 prepared[i] = self._register(self._schedulers, AcceleratedScheduler(
                     obj, self.gradient_state, self.step_scheduler_with_optimizer, steps))
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
+                            even_batches: bool | None = None) -> DataLoaderShard:
+        """Prepares one DataLoader, optionally overriding this Accelerator's placement and padding.
+
+        Evaluation loops may pass `even_batches=False` so no sample is repeated.
+        """
+        if isinstance(data_loader, (DataLoaderShard, SkippedDataLoader)):
+            return data_loader
+        place = self.device_placement if device_placement is None else device_placement
+        even = self.even_batches if even_batches is None else even_batches
+        return self._register(self._dataloaders, DataLoaderShard(
+            data_loader, self.device if place else None, self.gradient_state,
+            self.num_processes, self.process_index, self.split_batches, even))
 
     def _is_prepared(self, obj: Any) -> bool:
         pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]

@@ -1,0 +1,111 @@
+"""TrainModule: the nn.Module users subclass to describe one training step.
+
+Example:
+    >>> class Regressor(TrainModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.net = nn.Linear(8, 1)
+    ...     def forward(self, x):
+    ...         return self.net(x)
+    ...     def training_step(self, batch):
+    ...         x, y = batch
+    ...         return nn.functional.mse_loss(self(x), y)
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+class TrainModule(nn.Module):
+    """An nn.Module that knows how to train itself: a step, an optional validation step, and
+    its optimizer.
+
+    While fitting, `self.trainer`, `self.device`, `self.global_step` and `self.current_epoch`
+    tell where training stands, and `self.log(name, value)` records a metric.
+    """
+
+    def training_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Computes the loss of one batch.
+
+        Returns:
+            A scalar loss tensor, a dict with a "loss" key, or None to skip the batch (no
+            backward, no optimizer step).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement training_step(self, batch) returning a scalar loss tensor, "
+            "a dict with a 'loss' key, or None to skip the batch."
+        )
+
+    def validation_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Optional. Returns a scalar (recorded as `val_loss`) or a dict of named scalars.
+
+        Each value is averaged over the whole validation set and over all processes.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} was given a validation loader but does not implement "
+            "validation_step(self, batch). Implement it, or pass no val_loader."
+        )
+
+    def configure_optimizers(self) -> Any:
+        """Returns an optimizer, an (optimizer, scheduler) pair, or a dict with the keys
+        "optimizer" and "lr_scheduler"."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement configure_optimizers(self) returning an optimizer, "
+            "an (optimizer, scheduler) pair, or {'optimizer': ..., 'lr_scheduler': ...}."
+        )
+
+    def log(self, name: str, value: Any) -> None:
+        """Records a metric. Tensors are kept as they are and read only when something asks.
+
+        During validation, values are averaged over the validation set like returned ones.
+        """
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None:
+            raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
+                               "from training_step or validation_step during Trainer.fit().")
+        trainer.record(name, value)
+
+    def has_validation_step(self) -> bool:
+        """Whether the subclass implements `validation_step`."""
+        return type(self).validation_step is not TrainModule.validation_step
+
+    # Stored outside nn.Module's registries so the Trainer is neither a submodule nor saved.
+    def attach(self, trainer: "Trainer | None") -> None:
+        """Links this module to the Trainer fitting it (None unlinks)."""
+        object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def trainer(self) -> "Trainer":
+        """The Trainer fitting this module."""
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call Trainer.fit first.")
+        return trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The device the module's parameters live on."""
+        trainer = self.__dict__.get("_trainer")
+        if trainer is not None:
+            return trainer.accelerator.device
+        first = next(self.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.trainer.state.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained, from 0."""
+        return self.trainer.state.epoch

@@ -1,0 +1,299 @@
+"""The Trainer: `fit()` is a plain training loop on the Accelerator that fires events.
+
+Read `Trainer.fit` and `_train_batch` top to bottom: that is the whole loop. Everything optional
+(clipping, precision, checkpoints, early stopping, logging) is a callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .accelerator import Accelerator
+from .checkpoint import ProjectConfiguration, latest_checkpoint
+from .events import Callback, EventDispatcher
+from .module import TrainModule
+from .parallel import check_strategy
+from .trainer_parts import (LazyMetrics, ValidationAverager, check_count, extract_loss, make_step_runner,
+                            split_optimizers, warn_once)
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where training stands. Saved in every checkpoint and restored on resume.
+
+    Attributes:
+        epoch: The epoch being trained, from 0.
+        global_step: Optimizer steps taken.
+        batch_idx: Index of the current batch within the epoch.
+        loss: The last training loss, detached (a tensor; no device sync until read).
+        metrics: The latest value of each metric, as floats (converted when read).
+        should_stop: Set by a callback (such as EarlyStop) to end training after this epoch.
+    """
+
+    epoch: int = 0
+    global_step: int = 0
+    batch_idx: int = 0
+    loss: torch.Tensor | None = None
+    should_stop: bool = False
+    raw_metrics: LazyMetrics = dataclasses.field(default_factory=LazyMetrics)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest value of each metric as floats (reading forces the pending device syncs)."""
+        return self.raw_metrics.as_floats()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON-safe part of the state, for checkpoints."""
+        return {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
+                "should_stop": self.should_stop, "metrics": self.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
+        self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
+        self.raw_metrics = LazyMetrics(state["metrics"])
+
+
+class _CallbackStates:
+    """All callbacks' states as one checkpointed object, keyed by position and class name."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = callbacks
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"{i}:{type(cb).__name__}": cb.state_dict() for i, cb in enumerate(self.callbacks)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, cb in enumerate(self.callbacks):
+            saved = state.get(f"{i}:{type(cb).__name__}")
+            if saved:
+                cb.load_state_dict(saved)
+
+
+class Trainer:
+    """Fits a `TrainModule` with a loop built on the Accelerator, firing callback events.
+
+    Args:
+        callbacks: Callback instances, called in list order.
+        max_epochs: Stop after this many epochs. With neither limit, one epoch runs.
+        max_steps: Stop after this many optimizer steps (epochs are unlimited if only this is set).
+        gradient_accumulation_steps: Batches per optimizer step.
+        project_dir: Root for checkpoints (`checkpoints/`) and logs (`logs/`).
+        resume_from: A checkpoint folder, or "latest" for the newest intact one under
+            `{project_dir}/checkpoints`.
+        val_every_n_epochs: Validate every n-th epoch (when a val_loader is given).
+        strategy: "auto", "ddp" or "fsdp".
+        accelerator: A pre-built Accelerator to use instead of building one.
+
+    Example:
+        >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
+        >>> trainer.fit(module, train_loader, val_loader)
+    """
+
+    def __init__(self, callbacks: Sequence[Callback] | None = None, max_epochs: int | None = None,
+                 max_steps: int | None = None, gradient_accumulation_steps: int = 1,
+                 project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
+                 val_every_n_epochs: int = 1, strategy: str = "auto", accelerator: Accelerator | None = None) -> None:
+        self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
+        self.max_steps = check_count("max_steps", max_steps, optional=True)
+        if self.max_epochs is None and self.max_steps is None:
+            self.max_epochs = 1
+        self.val_every_n_epochs = check_count("val_every_n_epochs", val_every_n_epochs)
+        self.resume_from = resume_from
+        self.project_dir = os.fspath(project_dir)
+        self.events = EventDispatcher(list(callbacks or []))
+        if accelerator is None:
+            accelerator = Accelerator(
+                gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
+                strategy=check_strategy(strategy),
+                project_config=ProjectConfiguration(self.project_dir, automatic_checkpoint_naming=True))
+        self.accelerator = accelerator
+        self.state = TrainState()
+        self.module: TrainModule | None = None
+        self.model: nn.Module | None = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.train_loader: Any = None
+        self.val_loader: Any = None
+        self._scheduler_per_epoch = False
+        self._averager: ValidationAverager | None = None
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        """The callbacks, in the order they run."""
+        return self.events.callbacks
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self, module: TrainModule, train_loader: Any, val_loader: Any = None) -> None:
+        """Trains `module` on `train_loader`, validating on `val_loader` when given.
+
+        Raises:
+            TypeError: when `module` is not a TrainModule.
+            ValueError: when `train_loader` is empty.
+            FileNotFoundError: when `resume_from` names a missing folder (before any training).
+        """
+        resume = self._resolve_resume()
+        self._check_inputs(module, train_loader, val_loader)
+        self.module, self.state = module, TrainState()
+        module.attach(self)
+        try:
+            self.events.fire("on_fit_start", self)
+            self._setup(module, train_loader, val_loader, resume)
+            while not self._finished():
+                self._run_epoch()
+            self.events.fire("on_fit_end", self)
+        except BaseException as exc:
+            self.events.fire_exception(self, exc)
+            raise
+
+    def _run_epoch(self) -> None:
+        self.events.fire("on_train_epoch_start", self)
+        self.module.train()
+        for batch in self._epoch_batches():
+            self._train_batch(batch)
+            if self._steps_done():
+                break
+        if self.val_loader is not None and (self.state.epoch + 1) % self.val_every_n_epochs == 0:
+            self._validate_prepared(self.val_loader)
+        if self._scheduler_per_epoch:
+            self.scheduler.scheduler.step()
+        self.events.fire("on_train_epoch_end", self)
+        self.state.epoch += 1
+        self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
+
+    def _train_batch(self, batch: Any) -> None:
+        acc, fire = self.accelerator, self.events.fire
+        fire("on_train_batch_start", self)
+        with acc.accumulate(self.model):
+            with acc.autocast():
+                loss = extract_loss(self._run_step("training_step", batch))
+            if loss is not None:
+                self.state.loss = loss.detach()
+                self.state.raw_metrics["train_loss"] = self.state.loss
+                fire("on_before_backward", self)
+                acc.backward(loss)
+                fire("on_after_backward", self)
+                if acc.sync_gradients:
+                    fire("on_before_optimizer_step", self)
+                    self.optimizer.step()
+                    if not self._scheduler_per_epoch:
+                        self.scheduler.step()
+                    self.optimizer.zero_grad()
+                    self.state.global_step += 1
+            else:
+                warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
+        fire("on_train_batch_end", self)
+
+    def _epoch_batches(self) -> Iterator[Any]:
+        # A resumed epoch continues after the batches its checkpoint had consumed.
+        start = self.train_loader.position.batches_consumed
+        for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
+            self.state.batch_idx = index
+            yield batch
+
+    def _finished(self) -> bool:
+        return self.state.should_stop or self._steps_done() or (
+            self.max_epochs is not None and self.state.epoch >= self.max_epochs)
+
+    def _steps_done(self) -> bool:
+        return self.max_steps is not None and self.state.global_step >= self.max_steps
+
+    # ----------------------------------------------------------------- validation
+    def validate(self, module: TrainModule, loader: Any) -> dict[str, float]:
+        """Runs `validation_step` over `loader` and returns the averaged metrics.
+
+        Example:
+            >>> trainer.validate(module, val_loader)
+            {'val_loss': 0.12}
+        """
+        if self.module is not module:
+            self.module = module
+            module.attach(self)
+            self.model = self.accelerator.prepare(module)
+            self._run_step = make_step_runner(self.model, module)
+        return self._validate_prepared(self._prepare_eval(loader))
+
+    def _validate_prepared(self, loader: Any) -> dict[str, float]:
+        self.events.fire("on_validation_start", self)
+        self._averager = averager = ValidationAverager(self.accelerator.device)
+        was_training = self.module.training
+        self.module.eval()
+        with torch.no_grad():
+            for batch in loader:
+                with self.accelerator.autocast():
+                    averager.add_output(self._run_step("validation_step", batch), batch)
+                self.events.fire("on_validation_batch_end", self)
+        self._averager = None
+        self.module.train(was_training)
+        results = averager.result(self.accelerator)
+        self.state.raw_metrics.update(results)
+        self.events.fire("on_validation_end", self)
+        return results
+
+    def record(self, name: str, value: Any) -> None:
+        """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
+        if self._averager is not None:
+            self._averager.add(name, value)
+        else:
+            self.state.raw_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
+
+    # ----------------------------------------------------------------- setup and resume
+    def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: pathlib.Path | None) -> None:
+        acc = self.accelerator
+        optimizer, scheduler, self._scheduler_per_epoch = split_optimizers(module)
+        self.model, self.optimizer, self.train_loader = acc.prepare(module, optimizer, train_loader)
+        # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
+        acc.unwrap_model(self.model, keep_fp32_wrapper=False)
+        self._run_step = make_step_runner(self.model, module)
+        self.scheduler = acc.prepare(scheduler) if scheduler is not None else None
+        if self.scheduler is not None:
+            self.scheduler.steps_per_call = 1  # the Trainer counts optimizer steps, not batches
+        else:
+            self.scheduler = _NoScheduler()
+        self.val_loader = self._prepare_eval(val_loader) if val_loader is not None else None
+        acc.register_for_checkpointing(self.state, _CallbackStates(self.callbacks))
+        if resume is not None:
+            acc.load_state(resume)
+            # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
+            self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
+
+    def _prepare_eval(self, loader: Any) -> Any:
+        # No padding for evaluation: every sample counts once, and ranks meet only at the end.
+        return self.accelerator.prepare_data_loader(loader, even_batches=False)
+
+    def _resolve_resume(self) -> pathlib.Path | None:
+        if self.resume_from is None:
+            return None
+        if str(self.resume_from) == "latest":
+            root = pathlib.Path(self.accelerator.project_configuration.checkpoints_dir)
+            return latest_checkpoint(root, lambda msg: warn_once(self, msg))
+        for candidate in (pathlib.Path(self.resume_from), pathlib.Path(self.project_dir) / self.resume_from):
+            if candidate.is_dir():
+                return candidate
+        raise FileNotFoundError(
+            f"`resume_from` names a checkpoint folder that does not exist. Received: resume_from="
+            f"{os.fspath(self.resume_from)!r}. Pass an existing folder such as 'checkpoints/checkpoint_3', or 'latest'.")
+
+    @staticmethod
+    def _check_inputs(module: Any, train_loader: Any, val_loader: Any) -> None:
+        if not isinstance(module, TrainModule):
+            raise TypeError(f"fit() takes a TrainModule. Received: {type(module).__name__}. "
+                            "Subclass fittrain.TrainModule and implement training_step and configure_optimizers.")
+        if len(train_loader) == 0:
+            raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "
+                             "Check the dataset's length and the loader's batch_size/drop_last.")
+        if val_loader is not None and not module.has_validation_step():
+            module.validation_step(None)  # raises the explanatory NotImplementedError
+
+
+class _NoScheduler:
+    """Stands in for a missing LR scheduler so the loop never branches on it."""
+
+    def step(self) -> None:
+        """Does nothing."""
