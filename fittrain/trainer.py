@@ -19,6 +19,7 @@ from .checkpoint import ProjectConfiguration, latest_checkpoint
 from .events import Callback, EventDispatcher
 from .module import TrainModule
 from .parallel import check_strategy
+from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
 from .trainer_parts import (LazyMetrics, ValidationAverager, check_count, extract_loss, make_step_runner,
                             split_optimizers, warn_once)
 
@@ -90,6 +91,8 @@ class Trainer:
         val_every_n_epochs: Validate every n-th epoch (when a val_loader is given).
         strategy: "auto", "ddp" or "fsdp".
         accelerator: A pre-built Accelerator to use instead of building one.
+        preemption_signals: Signals on which fit finishes the optimizer step, saves a checkpoint
+            and exits with code 75 (`PREEMPTION_EXIT_CODE`); () disables this.
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -99,7 +102,8 @@ class Trainer:
     def __init__(self, callbacks: Sequence[Callback] | None = None, max_epochs: int | None = None,
                  max_steps: int | None = None, gradient_accumulation_steps: int = 1,
                  project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
-                 val_every_n_epochs: int = 1, strategy: str = "auto", accelerator: Accelerator | None = None) -> None:
+                 val_every_n_epochs: int = 1, strategy: str = "auto", accelerator: Accelerator | None = None,
+                 preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS) -> None:
         self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
         self.max_steps = check_count("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
@@ -108,6 +112,7 @@ class Trainer:
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.events = EventDispatcher(list(callbacks or []))
+        self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
             accelerator = Accelerator(
                 gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
@@ -143,11 +148,12 @@ class Trainer:
         self.module, self.state = module, TrainState()
         module.attach(self)
         try:
-            self.events.fire("on_fit_start", self)
-            self._setup(module, train_loader, val_loader, resume)
-            while not self._finished():
-                self._run_epoch()
-            self.events.fire("on_fit_end", self)
+            with self.preemption:
+                self.events.fire("on_fit_start", self)
+                self._setup(module, train_loader, val_loader, resume)
+                while not self._finished():
+                    self._run_epoch()
+                self.events.fire("on_fit_end", self)
         except BaseException as exc:
             self.events.fire_exception(self, exc)
             raise
@@ -159,6 +165,8 @@ class Trainer:
             self._train_batch(batch)
             if self._steps_done():
                 break
+            if self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator, self.state.global_step):
+                self._save_and_exit()
         if self.val_loader is not None and (self.state.epoch + 1) % self.val_every_n_epochs == 0:
             self._validate_prepared(self.val_loader)
         if self._scheduler_per_epoch:
@@ -189,6 +197,11 @@ class Trainer:
             else:
                 warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
         fire("on_train_batch_end", self)
+
+    def _save_and_exit(self) -> None:
+        path = self.accelerator.save_state()
+        self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
+        raise SystemExit(PREEMPTION_EXIT_CODE)
 
     def _epoch_batches(self) -> Iterator[Any]:
         # A resumed epoch continues after the batches its checkpoint had consumed.
