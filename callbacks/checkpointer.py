@@ -1,0 +1,104 @@
+"""Checkpointer: save the whole training state every n optimizer steps and/or every n epochs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fittrain.events import Callback
+
+if TYPE_CHECKING:
+    from fittrain.trainer import Trainer
+
+
+def _check_count(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`Checkpointer({name}=...)` must be a positive integer or None. Received: {name}={value!r}.")
+    return value
+
+
+class Checkpointer(Callback):
+    """Saves checkpoints with `accelerator.save_state()` as `{project_dir}/checkpoints/checkpoint_{i}`.
+
+    `i` counts saves. Each folder holds everything a resume needs (model, optimizer, scheduler,
+    scaler, RNG, data position, trainer and callback states); `model.safetensors` loads with
+    safetensors alone. After a resume, numbering continues after the newest existing folder, so
+    nothing is ever overwritten. Every process takes part in a save (it is collective); only the
+    main process writes shared files. A step is saved at most once, even when both triggers fire.
+
+    Args:
+        every_n_steps: Save after every n-th optimizer step (accumulated batches count once).
+        every_n_epochs: Save at the end of every n-th epoch, after its validation.
+        total_limit: Keep only the newest this many checkpoints. None keeps the Accelerator's
+            setting (unlimited unless configured).
+
+    Raises:
+        ValueError: when neither trigger is given, or for a value that is not a positive integer.
+
+    Example:
+        >>> Trainer(callbacks=[Checkpointer(every_n_epochs=1, total_limit=3)]).fit(module, loader)
+        >>> Trainer(resume_from="latest").fit(module, loader)  # continues with the next number
+    """
+
+    def __init__(self, every_n_steps: int | None = None, every_n_epochs: int | None = None,
+                 total_limit: int | None = None) -> None:
+        self.every_n_steps = _check_count("every_n_steps", every_n_steps)
+        self.every_n_epochs = _check_count("every_n_epochs", every_n_epochs)
+        self.total_limit = _check_count("total_limit", total_limit)
+        if every_n_steps is None and every_n_epochs is None:
+            raise ValueError("`Checkpointer` needs a trigger: pass every_n_steps=... and/or every_n_epochs=... "
+                             "Received: every_n_steps=None, every_n_epochs=None.")
+        self.last_checkpoint: str | None = None
+        self._seen_step = 0
+        self._last_saved_step: int | None = None
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Switches the Accelerator to automatic checkpoint naming, which a user's Accelerator may lack."""
+        config = trainer.accelerator.project_configuration
+        config.automatic_checkpoint_naming = True
+        if config.project_dir is None:
+            config.set_directories(trainer.project_dir)
+        if self.total_limit is not None:
+            config.total_limit = self.total_limit
+        self.last_checkpoint, self._seen_step, self._last_saved_step = None, 0, None
+
+    def on_train_epoch_start(self, trainer: "Trainer") -> None:
+        """Notes the current step: a resumed run starts at its checkpoint's step, which is no new step."""
+        self._seen_step = trainer.state.global_step
+
+    def on_train_batch_end(self, trainer: "Trainer") -> None:
+        """Saves when this batch completed an optimizer step whose number is a multiple of `every_n_steps`."""
+        step = trainer.state.global_step
+        # Inside an accumulation window (or on a skipped batch) the step did not move: nothing new to save.
+        if self.every_n_steps is None or step == self._seen_step:
+            return
+        self._seen_step = step
+        if step % self.every_n_steps == 0:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: "Trainer") -> None:
+        """Saves at the end of every `every_n_epochs`-th epoch."""
+        if self.every_n_epochs is not None and (trainer.state.epoch + 1) % self.every_n_epochs == 0:
+            self._save(trainer)
+
+    def _save(self, trainer: "Trainer") -> None:
+        step = trainer.state.global_step
+        if step == self._last_saved_step:  # both triggers hit this step, or the run resumed at it
+            return
+        # Set before saving: this callback's state is written into the checkpoint being made.
+        self._last_saved_step = step
+        self.last_checkpoint = trainer.accelerator.save_state()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The last saved step, so a resumed run does not save that step again."""
+        return {"last_saved_step": self._last_saved_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+        saved = state.get("last_saved_step")
+        self._last_saved_step = None if saved is None else int(saved)
+
+    def __repr__(self) -> str:
+        return (f"Checkpointer(every_n_steps={self.every_n_steps}, every_n_epochs={self.every_n_epochs}, "
+                f"total_limit={self.total_limit})")

@@ -1,0 +1,76 @@
+"""GradClip: bound the gradients, by total norm or element by element, before each optimizer step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from fittrain.events import Callback
+
+if TYPE_CHECKING:
+    from fittrain.trainer import Trainer
+
+
+def _check_limit(name: str, value: Any, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"`GradClip({name}=...)` must be a positive number. Received: {name}={value!r}.")
+    return float(value)
+
+
+class GradClip(Callback):
+    """Clips gradients before each optimizer step, by total norm or element-wise by value.
+
+    It acts in `on_before_optimizer_step`, which runs on sync steps only, so it sees the whole
+    accumulated gradient. fp16 gradients are unscaled first, so the limits are in the units of
+    the true gradients. The total gradient norm before clipping is recorded as the metric
+    `grad_norm` (kept as a tensor, so recording it costs no device sync).
+
+    Args:
+        max_norm: Scales all gradients together so that their total norm is at most this.
+        max_value: Clamps every gradient element to `[-max_value, max_value]`.
+        norm_type: The p of the p-norm (`float("inf")` for the largest element), used both for
+            `max_norm` and for the recorded `grad_norm`.
+
+    Raises:
+        ValueError: unless exactly one of `max_norm` and `max_value` is given, as a positive
+            number, and `norm_type` is a positive number.
+
+    Example:
+        >>> Trainer(callbacks=[GradClip(max_norm=1.0)]).fit(module, loader)
+    """
+
+    def __init__(self, max_norm: float | None = None, max_value: float | None = None, norm_type: float = 2.0) -> None:
+        if (max_norm is None) == (max_value is None):
+            raise ValueError("`GradClip` needs exactly one of `max_norm` (clip the total norm) and `max_value` "
+                             f"(clip each element). Received: max_norm={max_norm!r}, max_value={max_value!r}.")
+        self.max_norm = _check_limit("max_norm", max_norm)
+        self.max_value = _check_limit("max_value", max_value)
+        self.norm_type = _check_limit("norm_type", norm_type, optional=False)
+        # The mode is chosen once here, so the step itself never asks which one is on.
+        self._clip: Callable[["Trainer"], torch.Tensor] = (
+            self._clip_norm if self.max_norm is not None else self._clip_value)
+
+    def on_before_optimizer_step(self, trainer: "Trainer") -> None:
+        """Clips the accumulated gradients and records their pre-clip total norm as `grad_norm`."""
+        trainer.record("grad_norm", self._clip(trainer))
+
+    def _clip_norm(self, trainer: "Trainer") -> torch.Tensor:
+        # The Accelerator unscales fp16 gradients first and returns the pre-clip norm.
+        return trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), self.max_norm, self.norm_type)
+
+    def _clip_value(self, trainer: "Trainer") -> torch.Tensor:
+        accelerator = trainer.accelerator
+        accelerator.unscale_gradients()  # the norm must be measured on the true gradients
+        params = [p for p in trainer.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], self.norm_type)
+        accelerator.clip_grad_value_(params, self.max_value)
+        # Under FSDP2 the norm is a DTensor; the recorded metric is the full value.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def __repr__(self) -> str:
+        limit = f"max_norm={self.max_norm}" if self.max_norm is not None else f"max_value={self.max_value}"
+        return f"GradClip({limit}, norm_type={self.norm_type})"
+

@@ -1,0 +1,143 @@
+"""Checkpointer: folder names and numbering, triggers, total_limit, safetensors contents, resume."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fittrain import Accelerator, Callback, Trainer
+from fittrain.callbacks import Checkpointer
+
+
+class WeightHistory(Callback):
+    """Copies the module's weights after every optimizer step, keyed by global_step."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_train_batch_end(self, trainer: Trainer) -> None:
+        state = trainer.module.state_dict()
+        self.by_step[trainer.state.global_step] = {k: v.detach().clone() for k, v in state.items()}
+
+
+def _names(project: pathlib.Path) -> list[str]:
+    folder = project / "checkpoints"
+    return sorted((p.name for p in folder.iterdir()), key=lambda n: int(n.rsplit("_", 1)[1])) if folder.exists() else []
+
+
+def _fit(make_module, make_loader, project, checkpointer, max_epochs=2, accumulation=1, resume_from=None):
+    history = WeightHistory()
+    trainer = Trainer(project_dir=project, max_epochs=max_epochs, gradient_accumulation_steps=accumulation,
+                      resume_from=resume_from, callbacks=[history, checkpointer])
+    module = make_module()
+    trainer.fit(module, make_loader(), make_loader())
+    return module, history
+
+
+def _load_fresh(make_module, project: pathlib.Path, i: int) -> torch.nn.Module:
+    """Loads checkpoint_i's model.safetensors into a new module with safetensors alone, strictly."""
+    fresh = make_module()
+    fresh.load_state_dict(load_file(project / "checkpoints" / f"checkpoint_{i}" / "model.safetensors"), strict=True)
+    return fresh
+
+
+def _assert_same_weights(module: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
+    actual = module.state_dict()
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0)
+
+
+def test_every_n_steps_numbers_folders_by_save(make_module, make_loader, tmp_path):
+    module, history = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2))
+    assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    # 2 epochs x 4 batches = 8 steps; checkpoint_i holds the weights right after step 2(i+1).
+    for i, step in enumerate([2, 4, 6, 8]):
+        _assert_same_weights(_load_fresh(make_module, tmp_path, i), history.by_step[step])
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 3), module.state_dict())
+
+
+def test_every_n_steps_counts_optimizer_steps_not_batches(make_module, make_loader, tmp_path):
+    # 8 batches with accumulation 2 are 4 optimizer steps: one save each, never one per batch.
+    _, history = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=1), accumulation=2)
+    assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 1), history.by_step[2])
+
+
+def test_total_limit_keeps_the_newest(make_module, make_loader, tmp_path):
+    module, _ = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2, total_limit=2))
+    assert _names(tmp_path) == ["checkpoint_2", "checkpoint_3"]
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 3), module.state_dict())
+
+
+def test_every_n_epochs(make_module, make_loader, tmp_path):
+    _, history = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_epochs=2), max_epochs=5)
+    # Epochs 2 and 4 (counting from 1) end at steps 8 and 16; epoch 5 is not a multiple of 2.
+    assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1"]
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 0), history.by_step[8])
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 1), history.by_step[16])
+
+
+def test_both_triggers_on_one_step_save_once(make_module, make_loader, tmp_path):
+    # Steps 4 and 8 end epochs too: each is saved once, not twice.
+    _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=4, every_n_epochs=1))
+    assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1"]
+    # checkpoint_0 was taken at the last batch of epoch 0, before that epoch ended. Resumed from it,
+    # epoch 0 ends again at step 4; the Checkpointer's saved state knows step 4 is already saved.
+    _, resumed = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=4, every_n_epochs=1),
+                      resume_from="checkpoints/checkpoint_0")
+    assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    _assert_same_weights(_load_fresh(make_module, tmp_path, 2), resumed.by_step[8])
+
+
+def _snapshot(folder: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("resume_from, max_epochs, resumed_step", [
+    ("checkpoints/checkpoint_1", 2, 4),   # an older checkpoint: 2 and 3 exist and must survive
+    ("latest", 3, 8),
+])
+def test_resume_continues_numbering_without_overwriting(make_module, make_loader, tmp_path, resume_from, max_epochs,
+                                                        resumed_step):
+    _, first = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2))
+    before = {name: _snapshot(tmp_path / "checkpoints" / name) for name in _names(tmp_path)}
+
+    module, second = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2),
+                          max_epochs=max_epochs, resume_from=resume_from)
+
+    assert min(second.by_step) == resumed_step + 1, "the second fit continued after the checkpoint's step"
+    # Two new saves, numbered after the newest folder; the resumed step itself is not saved again.
+    assert _names(tmp_path) == [f"checkpoint_{i}" for i in range(6)]
+    assert {name: _snapshot(tmp_path / "checkpoints" / name) for name in before} == before
+    for i, step in [(4, resumed_step + 2), (5, resumed_step + 4)]:
+        _assert_same_weights(_load_fresh(make_module, tmp_path, i), second.by_step[step])
+    if resume_from != "latest":  # the resumed run retraces the first one exactly
+        _assert_same_weights(_load_fresh(make_module, tmp_path, 4), first.by_step[6])
+
+
+def test_user_accelerator_gets_automatic_naming(make_module, make_loader, tmp_path):
+    # An Accelerator built without a ProjectConfiguration cannot name checkpoints by itself.
+    accelerator = Accelerator()
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, accelerator=accelerator,
+                      callbacks=[Checkpointer(every_n_epochs=1, total_limit=1)])
+    trainer.fit(make_module(), make_loader())
+    assert _names(tmp_path) == ["checkpoint_1"]
+    assert accelerator.project_configuration.automatic_checkpoint_naming
+    assert trainer.callbacks[0].last_checkpoint == str(tmp_path / "checkpoints" / "checkpoint_1")
+
+
+@pytest.mark.parametrize("kwargs, received", [
+    ({}, "every_n_steps=None, every_n_epochs=None"),
+    ({"every_n_steps": -1}, "every_n_steps=-1"),
+    ({"every_n_steps": 0}, "every_n_steps=0"),
+    ({"every_n_epochs": 1.5}, "every_n_epochs=1.5"),
+    ({"every_n_epochs": True}, "every_n_epochs=True"),
+    ({"every_n_steps": 2, "total_limit": 0}, "total_limit=0"),
+])
+def test_bad_arguments(kwargs, received):
+    with pytest.raises(ValueError, match=f"Received: {received}"):
+        Checkpointer(**kwargs)
