@@ -24,7 +24,7 @@ def two_moons(n: int, seed: int) -> TensorDataset:
     label = torch.randint(0, 2, (n,), generator=g)
     x = torch.where(label == 0, torch.cos(angle), 1 - torch.cos(angle))
     y = torch.where(label == 0, torch.sin(angle), 0.5 - torch.sin(angle))
-    points = torch.stack([x, y], dim=1) + 0.15 * torch.randn(n, 2, generator=g)
+    points = torch.stack([x, y], dim=1) + 0.25 * torch.randn(n, 2, generator=g)
     return TensorDataset(points, label)
 
 
@@ -50,7 +50,7 @@ class MoonClassifier(TrainModule):
                 "val_acc": (logits.argmax(dim=1) == labels).float().mean()}
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=2e-3)
         return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
 
 
@@ -66,13 +66,13 @@ class PrintMetrics(Callback):
 def main() -> None:
     parser = argparse.ArgumentParser(description="Train a two-moons classifier with fittrain.")
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=4000)
+    parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--project-dir", default="outputs/quickstart")
     parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    train = DataLoader(two_moons(args.samples, seed=1), batch_size=64, shuffle=True)
+    train = DataLoader(two_moons(args.samples, seed=1), batch_size=32, shuffle=True)
     val = DataLoader(two_moons(1000, seed=2), batch_size=250)
     trainer = Trainer(
         max_epochs=args.epochs,
