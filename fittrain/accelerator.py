@@ -216,9 +216,11 @@ class Accelerator:
             return data_loader
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
-        return self._register(self._dataloaders, DataLoaderShard(
-            data_loader, self.device if place else None, self.gradient_state,
-            self.num_processes, self.process_index, self.split_batches, even))
+        shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
+                                self.num_processes, self.process_index, self.split_batches, even)
+        # Ranks seeded differently would draw different shuffle seeds and overlap: rank 0's wins.
+        shard.position.seed = int(collectives.broadcast_object(shard.position.seed, self.state))
+        return self._register(self._dataloaders, shard)
 
     def _is_prepared(self, obj: Any) -> bool:
         pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]
@@ -461,6 +463,8 @@ class Accelerator:
         parts = StateParts([{}] * len(self._models), self._optimizers, self._schedulers, self._dataloaders,
                            self._custom_objects, self.precision, {})
         loaded = checkpoint.read_state(reader, parts, self.process_index)
+        checkpoint.check_model_states(reader.path, loaded["models"],
+                                      [parallel.unwrap(m).state_dict() for m in self._models])
         checkpoint.apply_state(loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd))
         self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
         self.project_configuration.after_load(source)
@@ -484,6 +488,7 @@ class Accelerator:
         """
         for pool in (self._models, self._optimizers, self._schedulers, self._dataloaders):
             pool.clear()
+        self.gradient_state.batches_seen = 0
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .rng import capture_rng_state, restore_rng_state
-from .storage import CheckpointError, CheckpointReader, CheckpointWriter, is_intact, list_checkpoints
+from .storage import CheckpointError, CheckpointReader, CheckpointWriter, list_checkpoints
 
 CHECKPOINTS_DIR = "checkpoints"
 PREFIX = "checkpoint_"
@@ -89,21 +89,47 @@ class ProjectConfiguration:
         """Deletes the oldest automatic checkpoints beyond `total_limit`."""
         if self.total_limit is None:
             return
-        folders = list_checkpoints(self.checkpoints_dir, PREFIX)
-        for old in folders[:-self.total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+        root = self.checkpoints_dir
+        for stale in root.glob(f".{PREFIX}*{_DELETING}"):  # left by a crash during an earlier prune
+            shutil.rmtree(stale, ignore_errors=True)
+        for old in list_checkpoints(root, PREFIX)[:-self.total_limit]:
+            _delete_checkpoint(old)
+
+
+_DELETING = ".deleting"
+
+
+def _delete_checkpoint(folder: pathlib.Path) -> None:
+    """Removes a checkpoint folder, hiding it under a temporary name first.
+
+    A crash in the middle of deleting then leaves a hidden folder that is never listed, instead
+    of a half-deleted `checkpoint_{i}` that would look like a damaged checkpoint.
+    """
+    hidden = folder.parent / f".{folder.name}{_DELETING}"
+    shutil.rmtree(hidden, ignore_errors=True)
+    try:
+        os.rename(folder, hidden)
+    except OSError:
+        return  # another process removed it already
+    shutil.rmtree(hidden, ignore_errors=True)
 
 
 def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None]) -> pathlib.Path:
     """The newest intact `checkpoint_{i}` under `root`, warning about damaged newer ones.
 
+    Every file of a candidate is checked against its manifest (size and CRC32); the warning for a
+    folder passed over names the file that failed.
+
     Raises:
         FileNotFoundError: when `root` holds no intact checkpoint.
     """
     for folder in reversed(list_checkpoints(root, PREFIX)):
-        if is_intact(folder):
+        try:
+            CheckpointReader(folder).verify()
             return folder
-        warn(f"Skipping checkpoint {folder}: it is incomplete or damaged (manifest check failed).")
+        except (CheckpointError, OSError) as err:
+            warn(f"Skipping checkpoint {folder}: it is incomplete or damaged, so an older one is used. "
+                 f"Detail: {err}")
     raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
 
 
@@ -159,8 +185,38 @@ def _require(reader: CheckpointReader, name: str, what: str) -> None:
         )
 
 
+def _check_model_fits(path: pathlib.Path, live: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
+    """Raises before anything is loaded when `saved` cannot load strictly into a model whose
+    state dict is `live` (torch's load_state_dict would copy the matching part, then fail)."""
+    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+    reshaped = [f"{k}: checkpoint {tuple(saved[k].shape)}, model {tuple(live[k].shape)}"
+                for k in live if k in saved and tuple(saved[k].shape) != tuple(live[k].shape)]
+    if missing or unexpected or reshaped:
+        problems = [f"{label} {items[:5]}{' ...' if len(items) > 5 else ''}" for label, items in
+                    (("missing keys", missing), ("unexpected keys", unexpected), ("other shapes", reshaped)) if items]
+        raise CheckpointError(
+            f"Checkpoint file {str(path)!r} does not fit the prepared model: {'; '.join(problems)}. "
+            "Nothing was loaded. Load a checkpoint saved from the same architecture.")
+
+
+def _check_optimizer_fits(path: pathlib.Path, live: Any, saved: Any) -> None:
+    """Raises before anything is loaded when the saved optimizer has other parameter groups."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    live_sizes = [len(g["params"]) for g in live.param_groups]
+    saved_sizes = [len(g.get("params", ())) for g in groups] if isinstance(groups, list) else None
+    if saved_sizes != live_sizes:
+        raise CheckpointError(
+            f"Checkpoint file {str(path)!r} holds an optimizer with parameter groups of sizes {saved_sizes}, "
+            f"but the prepared optimizer has {live_sizes}. Nothing was loaded. Prepare the same optimizers, "
+            "over the same parameters, as the run that saved it.")
+
+
 def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
     """Reads and verifies every file this process needs, without changing any live object.
+
+    A model whose live state dict is given in `parts.model_state_dicts` (an empty dict skips the
+    check) and every optimizer are checked against the files, so a checkpoint of another
+    architecture fails here instead of half-way through `apply_state`.
 
     Returns:
         The loaded pieces, to hand to `apply_state` once all of them proved intact.
@@ -176,7 +232,7 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
             _require(reader, name, f"a matching entry among its {kind}")
     rng_name = f"random_states_{rank}.pt"
     _require(reader, rng_name, f"a process of rank {rank}")
-    return {
+    loaded = {
         "models": [reader.read_tensors(n) for n in names["models"]],
         "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
         "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
@@ -185,6 +241,31 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
         "rng": reader.read_torch(rng_name),
         "meta": reader.read_json("accelerator_state.json") if reader.has("accelerator_state.json") else {},
     }
+    for name, live, saved in zip(names["models"], parts.model_state_dicts, loaded["models"]):
+        if live:
+            _check_model_fits(reader.path / name, live, saved)
+    for name, live, saved in zip(names["optimizers"], parts.optimizers, loaded["optimizers"]):
+        _check_optimizer_fits(reader.path / name, live, saved)
+    return loaded
+
+
+def check_model_states(folder: pathlib.Path, loaded: Sequence[dict[str, torch.Tensor]],
+                       live: Sequence[dict[str, torch.Tensor]]) -> None:
+    """Refuses saved weights whose keys or shapes differ from the live models', before any is applied.
+
+    Raises:
+        CheckpointError: naming the file and the first mismatching keys.
+    """
+    for i, (saved, current) in enumerate(zip(loaded, live)):
+        missing = sorted(set(current) - set(saved))
+        unexpected = sorted(set(saved) - set(current))
+        reshaped = sorted(k for k in set(saved) & set(current) if tuple(saved[k].shape) != tuple(current[k].shape))
+        problems = [f"{label}: {keys[:5]}" for label, keys in (
+            ("missing keys", missing), ("unexpected keys", unexpected), ("different shapes", reshaped)) if keys]
+        if problems:
+            raise CheckpointError(
+                f"Checkpoint file {folder / _indexed('model', i, 'safetensors')} does not fit model {i} "
+                f"({'; '.join(problems)}). Nothing was loaded. Load a checkpoint saved from the same architecture.")
 
 
 def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None]) -> None:

@@ -127,9 +127,15 @@ class _ShardedBatchSampler:
         # Uneven tail: ranks past the remaining samples get no last batch.
         return rounds - 1 + (1 if rest > self.process_index * self.batch_size else 0)
 
+    @property
+    def _pads(self) -> bool:
+        # One process has no peer to keep in step with, so its last batch stays short, as in
+        # plain PyTorch (and Accelerate, which does not shard a single process's loader).
+        return self.even_batches and self.num_processes > 1
+
     def _batch(self, indices: list[int], k: int) -> list[int]:
         chunk = indices[k * self.round_size:(k + 1) * self.round_size]
-        if self.even_batches and len(chunk) < self.round_size:
+        if self._pads and len(chunk) < self.round_size:
             # Complete the last round from the start of the epoch, as Accelerate does, so every
             # rank takes the same number of steps; gather_for_metrics drops these repeats.
             chunk = chunk + [indices[i % len(indices)] for i in range(self.round_size - len(chunk))]
@@ -137,9 +143,10 @@ class _ShardedBatchSampler:
         return chunk[start:start + self.batch_size]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Capture the skip now: DataLoader calls iter() eagerly but may pull batches later.
-        skip, self.skip = self.skip, 0
-        return self._generate(skip, self.position.seed, self.position.epoch)
+        # Capture skip and position now: DataLoader calls iter() eagerly but pulls batches later.
+        # `skip` is not reset here: a worker DataLoader calls iter() twice while starting up, and
+        # the second call must skip too. `DataLoaderShard.iterate` sets it before every pass.
+        return self._generate(self.skip, self.position.seed, self.position.epoch)
 
     def _generate(self, skip: int, seed: int, epoch: int) -> Iterator[list[int]]:
         indices = self._indices(seed, epoch)
@@ -151,7 +158,7 @@ class _ShardedBatchSampler:
     def padded_remainder(self) -> int:
         """Real samples in the last round when padding completed it, else 0 (nothing to drop)."""
         rest = len(self.sampler) % self.round_size
-        return rest if (rest and self.even_batches and not self.drop_last) else 0
+        return rest if (rest and self._pads and not self.drop_last) else 0
 
 
 def _is_default_shuffle(sampler: Any) -> bool:
@@ -280,6 +287,9 @@ class DataLoaderShard:
             yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
         self.position.epoch += 1
         self.position.batches_consumed = 0
+        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
+        self.gradient_state.end_of_dataloader = False
+        self.gradient_state.remainder = 0
 
     def state_dict(self) -> dict[str, int]:
         """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
