@@ -71,7 +71,7 @@ class Accelerator:
                  fsdp_classes: Iterable[type] | None = None) -> None:
         mixed_precision = check_precision(mixed_precision)
         _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
-        self.strategy = parallel.check_strategy(strategy)
+        self.strategy = parallel.resolve_strategy(strategy)
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
@@ -406,6 +406,7 @@ class Accelerator:
     def _state_parts(self) -> StateParts:
         return StateParts(
             model_state_dicts=[self.get_state_dict(m) for m in self._models],
+            optimizer_state_dicts=[parallel.optimizer_state_dict(o, self._models) for o in self._optimizers],
             optimizers=self._optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
             custom=self._custom_objects, precision=self.precision,
             accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
@@ -460,12 +461,14 @@ class Accelerator:
         else:
             source = pathlib.Path(input_dir)
         reader = CheckpointReader(source)
-        parts = StateParts([{}] * len(self._models), self._optimizers, self._schedulers, self._dataloaders,
-                           self._custom_objects, self.precision, {})
+        parts = StateParts([{}] * len(self._models), [{}] * len(self._optimizers), self._optimizers,
+                           self._schedulers, self._dataloaders, self._custom_objects, self.precision, {})
         loaded = checkpoint.read_state(reader, parts, self.process_index)
         checkpoint.check_model_states(reader.path, loaded["models"],
                                       [parallel.unwrap(m).state_dict() for m in self._models])
-        checkpoint.apply_state(loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd))
+        checkpoint.apply_state(
+            loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
+            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
         self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
         self.project_configuration.after_load(source)
         return os.fspath(source)

@@ -143,12 +143,14 @@ class StateParts:
 
     Attributes:
         model_state_dicts: Full state dicts of the unwrapped models (gathered under FSDP2).
+        optimizer_state_dicts: Full optimizer state dicts (gathered under FSDP2).
         optimizers, schedulers, dataloaders, custom: Objects with state_dict/load_state_dict.
         precision: The precision object (its scaler state is saved when fp16 is on).
         accelerator_state: Small JSON-safe facts, such as the accumulation step counter.
     """
 
     model_state_dicts: list[dict[str, torch.Tensor]]
+    optimizer_state_dicts: list[dict[str, Any]]
     optimizers: Sequence[Any]
     schedulers: Sequence[Any]
     dataloaders: Sequence[Any]
@@ -164,8 +166,8 @@ def write_state(writer: CheckpointWriter, parts: StateParts, rank: int, is_main_
         return
     for i, state_dict in enumerate(parts.model_state_dicts):
         writer.write_tensors(_indexed("model", i, "safetensors"), state_dict, {"format": "pt"})
-    for i, opt in enumerate(parts.optimizers):
-        writer.write_torch(_indexed("optimizer", i, "pt"), opt.state_dict())
+    for i, state in enumerate(parts.optimizer_state_dicts):
+        writer.write_torch(_indexed("optimizer", i, "pt"), state)
     for i, sched in enumerate(parts.schedulers):
         writer.write_torch(_indexed("scheduler", i, "pt"), sched.state_dict())
     for i, obj in enumerate(parts.custom):
@@ -268,12 +270,16 @@ def check_model_states(folder: pathlib.Path, loaded: Sequence[dict[str, torch.Te
                 f"({'; '.join(problems)}). Nothing was loaded. Load a checkpoint saved from the same architecture.")
 
 
-def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None]) -> None:
-    """Restores live objects from `read_state`'s result, RNG last so nothing draws after it."""
+def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None],
+                load_optimizer: Callable[[int, dict], None]) -> None:
+    """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
+
+    Models and optimizers load through callables, which reshard full states under FSDP2.
+    """
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
-    for obj, state in zip(parts.optimizers, loaded["optimizers"]):
-        obj.load_state_dict(state)
+    for i, state in enumerate(loaded["optimizers"]):
+        load_optimizer(i, state)
     for obj, state in zip(parts.schedulers, loaded["schedulers"]):
         obj.load_state_dict(state)
     for obj, state in zip(parts.custom, loaded["custom"]):

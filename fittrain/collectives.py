@@ -33,7 +33,12 @@ def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
 
 
 def gather_object(obj: Any, state: ProcessState) -> list[Any]:
-    """Returns the list of `obj` from every process, in rank order."""
+    """Returns the list of `obj` from every process, in rank order.
+
+    Args:
+        obj: Any picklable object.
+        state: The calling Accelerator's process state.
+    """
     if not state.is_distributed:
         return [obj]
     out: list[Any] = [None] * state.num_processes
@@ -41,18 +46,34 @@ def gather_object(obj: Any, state: ProcessState) -> list[Any]:
     return out
 
 
-def _gather_one(tensor: torch.Tensor, state: ProcessState) -> torch.Tensor:
-    tensor = tensor.detach()
-    if tensor.ndim == 0:
-        tensor = tensor[None]
-    shapes = gather_object(tuple(tensor.shape), state)
+def _check_gatherable(shapes: list[tuple[int, ...]], dtypes: list[str]) -> None:
+    """Raises on every rank alike (they all see the same lists), so no rank is left waiting."""
     if len({s[1:] for s in shapes}) > 1:
         listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
         raise ValueError(
             f"gather() needs tensors whose shapes match beyond the first dimension. Received {listing}. "
             "Pad them first with pad_across_processes()."
         )
+    if len(set(dtypes)) > 1:
+        listing = ", ".join(f"rank {r}: {d}" for r, d in enumerate(dtypes))
+        raise ValueError(
+            f"gather() needs the same dtype on every process. Received {listing}. "
+            "Cast them to one dtype first, e.g. tensor.float()."
+        )
+
+
+def _gather_one(tensor: torch.Tensor, state: ProcessState) -> torch.Tensor:
+    tensor = tensor.detach()
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    # One small object gather first: a mismatch then fails with a clear error on every rank
+    # instead of a tensor all_gather that deadlocks or mixes up bytes.
+    meta = gather_object((tuple(tensor.shape), str(tensor.dtype)), state)
+    shapes, dtypes = [m[0] for m in meta], [m[1] for m in meta]
+    _check_gatherable(shapes, dtypes)
     longest = max(s[0] for s in shapes)
+    if longest == 0:
+        return tensor  # Nothing anywhere: skip a zero-byte all_gather, which some backends reject.
     padded = tensor
     if tensor.shape[0] < longest:
         filler = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
@@ -68,7 +89,18 @@ def _gather_one(tensor: torch.Tensor, state: ProcessState) -> torch.Tensor:
 def gather(data: Any, state: ProcessState) -> Any:
     """Concatenates each tensor of `data` across processes along the first dimension.
 
-    Sizes along the first dimension may differ between ranks; other dimensions must match.
+    Sizes along the first dimension may differ between ranks; other dimensions and the dtype
+    must match. Every rank must pass the same structure (same keys, same list lengths).
+
+    Args:
+        data: A tensor, or dicts/lists/tuples of tensors; 0-dim tensors count as length 1.
+        state: The calling Accelerator's process state.
+
+    Returns:
+        The same structure with each tensor replaced by the concatenation over ranks, in rank order.
+
+    Raises:
+        ValueError: on every rank alike, naming each rank's shape or dtype, when they mismatch.
     """
     if not state.is_distributed:
         return data
@@ -76,7 +108,17 @@ def gather(data: Any, state: ProcessState) -> Any:
 
 
 def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sums (or averages, with reduction="mean") each tensor of `data` across processes."""
+    """Sums (or averages, with reduction="mean") each tensor of `data` across processes.
+
+    Args:
+        data: A tensor, or dicts/lists/tuples of tensors; the input is not modified.
+        state: The calling Accelerator's process state.
+        reduction: "sum", "mean", or "none" (only `scale` applies).
+        scale: A factor applied after reducing.
+
+    Raises:
+        ValueError: for an unknown `reduction`.
+    """
     if reduction not in ("sum", "mean", "none"):
         raise ValueError(f"`reduction` must be 'sum', 'mean' or 'none'. Received: reduction={reduction!r}.")
 
@@ -92,7 +134,13 @@ def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float 
 
 
 def broadcast(data: Any, state: ProcessState, from_process: int = 0) -> Any:
-    """Copies each tensor of `data` from `from_process` to every process (in place)."""
+    """Copies each tensor of `data` from `from_process` to every process (in place).
+
+    Args:
+        data: A tensor, or dicts/lists/tuples of tensors, of the same shapes on every rank.
+        state: The calling Accelerator's process state.
+        from_process: The rank whose values everyone receives.
+    """
     if not state.is_distributed:
         return data
 
@@ -104,7 +152,13 @@ def broadcast(data: Any, state: ProcessState, from_process: int = 0) -> Any:
 
 
 def broadcast_object(obj: Any, state: ProcessState, from_process: int = 0) -> Any:
-    """Returns `from_process`'s `obj` on every process."""
+    """Returns `from_process`'s `obj` on every process.
+
+    Args:
+        obj: Any picklable object (ignored on the other ranks).
+        state: The calling Accelerator's process state.
+        from_process: The rank whose object everyone receives.
+    """
     if not state.is_distributed:
         return obj
     box = [obj]
@@ -114,7 +168,15 @@ def broadcast_object(obj: Any, state: ProcessState, from_process: int = 0) -> An
 
 def pad_across_processes(data: Any, state: ProcessState, dim: int = 0, pad_index: int = 0,
                          pad_first: bool = False) -> Any:
-    """Pads each tensor along `dim` to the largest size any process has, so it can be gathered."""
+    """Pads each tensor along `dim` to the largest size any process has, so it can be gathered.
+
+    Args:
+        data: A tensor, or dicts/lists/tuples of tensors.
+        state: The calling Accelerator's process state.
+        dim: The dimension to pad.
+        pad_index: The fill value.
+        pad_first: Pad at the start instead of the end.
+    """
     if not state.is_distributed:
         return data
 
@@ -138,6 +200,11 @@ def split_between_processes(inputs: Any, state: ProcessState, apply_padding: boo
 
     Shares differ by at most one element; with `apply_padding` the last element is repeated so
     all shares have equal length (gather then needs no uneven handling).
+
+    Args:
+        inputs: A list, tuple or tensor, or a dict of those (each value is split).
+        state: The calling Accelerator's process state (no communication happens).
+        apply_padding: Repeat the last element so every share has the same length.
     """
     n, rank = state.num_processes, state.process_index
 

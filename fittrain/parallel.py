@@ -2,13 +2,33 @@
 
 fittrain adds no engine: this module only calls `DistributedDataParallel` and
 `torch.distributed.fsdp.fully_shard`, and knows how to undo, pause or read them.
+
+The optimizer rule under FSDP2:
+    `fully_shard` replaces every parameter of the model with a sharded `DTensor` parameter, so an
+    optimizer must hold the sharded parameters, not the originals. Either build the optimizer
+    after `prepare(model)`, on `model.parameters()`, or build it on the plain model before and
+    pass it to the same `prepare` call as the model (`prepare(model, optimizer)`): prepare then
+    re-binds it to the sharded parameters (`rebind_optimizer`). The re-bound optimizer must not
+    have stepped yet, because its state would still belong to the old, full-size parameters. Pass
+    the optimizer in the same `prepare` call as its model: one prepared in a later call is not
+    re-bound and keeps the replaced parameters, so the model would not train. DDP keeps the
+    parameters, so under DDP either order works.
+
+    Example:
+        >>> optimizer = torch.optim.AdamW(model.parameters())      # plain model: fine
+        >>> model, optimizer = accelerator.prepare(model, optimizer)  # re-bound to the shards
+
+Checkpoints hold full, unsharded state: `full_state_dict` and `optimizer_state_dict` gather it
+from the shards (every rank must call them under FSDP2), and `load_full_state_dict` and
+`load_optimizer_state_dict` shard it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
-from typing import Any, ContextManager, Iterable
+from typing import Any, ContextManager, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -18,17 +38,43 @@ from .state import ProcessState
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 
+#: `fittrain launch --strategy X` exports this; `resolve_strategy` honours it for strategy="auto".
+STRATEGY_ENV = "FITTRAIN_STRATEGY"
 
-def check_strategy(strategy: Any) -> str:
+
+def check_strategy(strategy: Any, source: str = "strategy") -> str:
     """Validates a strategy name.
+
+    Args:
+        strategy: The value to check.
+        source: How the value was given, for the error message (argument or environment variable).
+
+    Returns:
+        `strategy`, unchanged.
 
     Raises:
         ValueError: listing the valid strategies and the value received.
     """
     if strategy not in STRATEGIES:
         raise ValueError(
-            f"`strategy` must be one of {', '.join(repr(s) for s in STRATEGIES)}. Received: strategy={strategy!r}."
+            f"`{source}` must be one of {', '.join(repr(s) for s in STRATEGIES)}. Received: {source}={strategy!r}."
         )
+    return strategy
+
+
+def resolve_strategy(strategy: Any) -> str:
+    """The strategy to use: `strategy`, or the launcher's FITTRAIN_STRATEGY when it is "auto".
+
+    An explicit argument in the script wins over the launcher, as in Accelerate, where code
+    overrides the config file.
+
+    Raises:
+        ValueError: when either value is not a valid strategy.
+    """
+    strategy = check_strategy(strategy)
+    from_launcher = os.environ.get(STRATEGY_ENV, "").strip()
+    if strategy == "auto" and from_launcher:
+        return check_strategy(from_launcher.lower(), STRATEGY_ENV)
     return strategy
 
 
@@ -46,13 +92,24 @@ def is_fsdp(model: nn.Module) -> bool:
     return fsdp_type is not None and isinstance(model, fsdp_type)
 
 
+def _check_fsdp_classes(classes: Sequence[Any]) -> None:
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ValueError(
+                "`fsdp_classes` must hold nn.Module subclasses, such as a transformer block class. "
+                f"Received: {cls!r}. Pass the class itself, not an instance or its name."
+            )
+
+
 def _shard(model: nn.Module, state: ProcessState, classes: tuple[type, ...] | None) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(state.device.type, (state.num_processes,))
-    for child in list(model.modules())[1:]:
-        # By default shard each leaf-most holder of parameters; users may name classes instead.
+    # fully_shard must see inner modules before outer ones, or an outer unit would claim the inner
+    # parameters too; modules() lists parents before children, so walk it backwards.
+    for child in reversed(list(model.modules())[1:]):
+        # By default shard each direct holder of parameters; users may name classes instead.
         wanted = isinstance(child, classes) if classes else any(True for _ in child.parameters(recurse=False))
         if wanted and not is_fsdp(child):
             fully_shard(child, mesh=mesh)
@@ -68,15 +125,23 @@ def wrap_model(model: nn.Module, state: ProcessState, strategy: str,
         model: A module already on `state.device`.
         state: This process's place in the run.
         strategy: "auto" or "ddp" for DistributedDataParallel, "fsdp" for FSDP2.
-        fsdp_classes: Module classes to shard under FSDP2; default: every child holding parameters.
+        fsdp_classes: Module classes to shard under FSDP2; default: every module that holds
+            parameters directly. The root is always sharded last.
 
     Returns:
         The wrapped module (DDP), the same module sharded in place (FSDP2), or `model`.
+
+    Raises:
+        ValueError: when `fsdp_classes` holds something other than nn.Module subclasses.
     """
+    if fsdp_classes:
+        _check_fsdp_classes(fsdp_classes)
     if not state.is_distributed:
         if strategy == "fsdp":
-            warnings.warn("strategy='fsdp' with a single process: training unsharded on one process.",
-                          stacklevel=3)
+            # stacklevel 4 points past prepare() at the user's line.
+            warnings.warn("strategy='fsdp' needs more than one process, and this run has one: the model trains "
+                          "unsharded on a single process. Launch with `fittrain launch --num_processes N` (or "
+                          "torchrun) to shard it.", UserWarning, stacklevel=4)
         return model
     if strategy == "fsdp":
         return _shard(model, state, fsdp_classes)
@@ -103,7 +168,10 @@ def _fsdp_no_sync(model: nn.Module) -> Any:
 
 
 def no_sync(model: nn.Module) -> ContextManager[Any]:
-    """A context in which backward accumulates local gradients without communicating."""
+    """A context in which backward accumulates local gradients without communicating.
+
+    DDP skips its all-reduce; FSDP2 skips its reduce-scatter and keeps unsharded gradients.
+    """
     if isinstance(model, DistributedDataParallel):
         return model.no_sync()
     if is_fsdp(model):
@@ -111,37 +179,135 @@ def no_sync(model: nn.Module) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # cpu_offload gathers to the CPU of rank 0 only: the other ranks get an empty dict, which is
+    # fine because only the main process writes files, and it spares their memory.
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unwrapped model's complete state dict on CPU, gathered from shards under FSDP2.
 
-    Under FSDP2 every rank must call this (it communicates).
+    Under FSDP2 every rank must call this (it communicates), and only the main process gets
+    the tensors; the others get an empty dict.
     """
     model = unwrap(model)
     if is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(model, options=_full_options())
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Loads a complete state dict into the model, sharding it again under FSDP2."""
+    """Loads a complete state dict into the model, sharding it again under FSDP2.
+
+    Under FSDP2 every rank must call this with the full dict (each keeps its own shard).
+    """
     model = unwrap(model)
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True))
+        # Sharding scatters one tensor at a time, so every rank must walk the keys in the same
+        # order; a dict read by safetensors comes in an order that differs from process to process.
+        own = list(model.state_dict())
+        ordered = {k: state_dict[k] for k in own if k in state_dict}
+        ordered.update((k, state_dict[k]) for k in sorted(state_dict) if k not in ordered)
+        set_model_state_dict(model, ordered, options=StateDictOptions(full_state_dict=True))
         return
     model.load_state_dict(state_dict)
+
+
+def _fsdp_owner(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module | None:
+    """The FSDP2 model whose parameters `optimizer` trains, or None when it trains no sharded model.
+
+    Raises:
+        ValueError: when the optimizer spans several FSDP2 models, which has no single full state.
+    """
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    owners = [m for m in map(unwrap, models) if is_fsdp(m) and any(id(p) in held for p in m.parameters())]
+    if len(owners) > 1:
+        raise ValueError(
+            f"An optimizer that trains {len(owners)} FSDP2 models at once has no single full state dict to "
+            "save. Received an optimizer over the parameters of several prepared models; build one optimizer "
+            "per model, or wrap the models in one parent nn.Module and prepare that."
+        )
+    return owners[0] if owners else None
+
+
+def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    # torch.distributed.checkpoint may run a zero-lr step to create missing state; it must reach
+    # the real optimizer, not AcceleratedOptimizer, whose step() skips inside accumulation windows.
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> dict[str, Any]:
+    """The optimizer's complete state dict, gathered from shards when it trains an FSDP2 model.
+
+    Under FSDP2 every rank must call this (it communicates); the main process gets the full state,
+    keyed by parameter names, on CPU, and the others get an empty dict. Otherwise it is
+    `optimizer.state_dict()`.
+
+    Args:
+        optimizer: A prepared optimizer (or the plain one it wraps).
+        models: The prepared models; the one whose parameters the optimizer holds is used.
+
+    Raises:
+        ValueError: when the optimizer spans several FSDP2 models.
+    """
+    owner = _fsdp_owner(optimizer, models)
+    if owner is None:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(owner, _inner(optimizer), options=_full_options())
+
+
+def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module],
+                              state_dict: dict[str, Any]) -> None:
+    """Loads what `optimizer_state_dict` returned, sharding it again under FSDP2.
+
+    Under FSDP2 every rank must call this with the full dict, as read from the checkpoint.
+
+    Args:
+        optimizer: A prepared optimizer (or the plain one it wraps).
+        models: The prepared models.
+        state_dict: The full optimizer state.
+
+    Raises:
+        ValueError: when the optimizer spans several FSDP2 models.
+    """
+    owner = _fsdp_owner(optimizer, models)
+    if owner is None:
+        optimizer.load_state_dict(state_dict)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(owner, _inner(optimizer), state_dict, options=StateDictOptions(full_state_dict=True))
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]) -> None:
     """Points `optimizer` at new parameter objects (FSDP2 replaces them with sharded ones).
 
+    See the module docstring for the rule this serves.
+
     Args:
         optimizer: An optimizer built on the plain model, before any step.
         mapping: id(old parameter) -> new parameter.
+
+    Raises:
+        ValueError: when the optimizer already holds state for a parameter being replaced.
     """
+    stale = [p for p in optimizer.state if id(p) in mapping]
+    if stale:
+        raise ValueError(
+            "prepare() re-binds an optimizer built before it to the sharded FSDP2 parameters, but this "
+            f"optimizer has already stepped (it holds state for {len(stale)} parameters), and that state "
+            "belongs to the unsharded ones. Received an optimizer with state; prepare it before its first step, "
+            "or build it after prepare(model) on model.parameters()."
+        )
     for group in optimizer.param_groups:
         group["params"] = [mapping.get(id(p), p) for p in group["params"]]
 

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-#: Collectives give up after this long instead of hanging when a peer died.
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+#: How long a collective waits for a peer before failing. A peer that dies is noticed at once by
+#: torchrun, which stops the whole job; the timeout covers a peer that is alive but stuck. It matches
+#: torch's and Accelerate's default, because the main process may legitimately keep the others
+#: waiting in a barrier for a long time (downloading data in `main_process_first`, writing a large
+#: checkpoint). Set the environment variable below to fail faster.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+#: Environment variable that overrides DEFAULT_TIMEOUT, in seconds (e.g. FITTRAIN_COLLECTIVE_TIMEOUT=120).
+TIMEOUT_ENV = "FITTRAIN_COLLECTIVE_TIMEOUT"
 
 
 class DistributedType(str, enum.Enum):
@@ -28,6 +35,7 @@ class DistributedType(str, enum.Enum):
 
 
 def _env_int(name: str, default: int) -> int:
+    """An integer environment variable, `default` when unset or empty."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -37,6 +45,44 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(
             f"Environment variable {name} must be an integer, as torchrun sets it. Received: {name}={value!r}."
         ) from None
+
+
+def collective_timeout() -> datetime.timedelta:
+    """The collective timeout: FITTRAIN_COLLECTIVE_TIMEOUT seconds when set, else DEFAULT_TIMEOUT.
+
+    Raises:
+        ValueError: when the variable is not a positive number of seconds.
+    """
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(
+            f"Environment variable {TIMEOUT_ENV} must be a positive number of seconds. "
+            f"Received: {TIMEOUT_ENV}={value!r}. Set it to e.g. 600, or unset it for "
+            f"{int(DEFAULT_TIMEOUT.total_seconds())} seconds."
+        )
+    return datetime.timedelta(seconds=seconds)
+
+
+def _check_rendezvous(world_size: int, rank: int) -> None:
+    """Fails early, with a launcher hint, when torchrun's variables are incomplete or inconsistent."""
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"Environment variable RANK must be in [0, WORLD_SIZE). Received: RANK={rank}, "
+            f"WORLD_SIZE={world_size}. Launch with `fittrain launch` or torchrun, which set both."
+        )
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise ValueError(
+            f"WORLD_SIZE={world_size} asks for several processes, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set, so the processes cannot find each other. "
+            "Launch with `fittrain launch --num_processes N script.py` or torchrun, which set them."
+        )
 
 
 def _pick_device(cpu: bool, local_rank: int) -> torch.device:
@@ -73,15 +119,23 @@ class ProcessState:
     backend: str | None
 
     @classmethod
-    def from_environment(cls, cpu: bool = False, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> "ProcessState":
+    def from_environment(cls, cpu: bool = False, timeout: datetime.timedelta | None = None) -> "ProcessState":
         """Reads torchrun's variables and joins the process group when there is more than one process.
+
+        The group is joined once per process: gloo on the CPU, nccl on CUDA, where each process
+        uses `cuda:LOCAL_RANK`. A group that already exists (made by the user or an earlier
+        Accelerator) is adopted as it is.
 
         Args:
             cpu: Force the CPU even when an accelerator is present.
-            timeout: How long collectives wait for a peer before failing.
+            timeout: How long collectives wait for a peer before failing; default:
+                `collective_timeout()` (FITTRAIN_COLLECTIVE_TIMEOUT or 30 minutes).
 
         Returns:
             The state of this process.
+
+        Raises:
+            ValueError: when torchrun's variables are malformed or incomplete.
         """
         world_size = _env_int("WORLD_SIZE", 1)
         rank = _env_int("RANK", 0)
@@ -92,10 +146,11 @@ class ProcessState:
             # A user (or a test harness) already joined a group: adopt it rather than fight it.
             world_size, rank, backend = dist.get_world_size(), dist.get_rank(), dist.get_backend()
         elif world_size > 1:
+            _check_rendezvous(world_size, rank)
             backend = "nccl" if device.type == "cuda" else "gloo"
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend=backend, timeout=timeout)
+            dist.init_process_group(backend=backend, timeout=timeout or collective_timeout())
         return cls(world_size, rank, local_rank, device, backend)
 
     @property
@@ -122,11 +177,20 @@ class ProcessState:
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
 
     def barrier(self) -> None:
-        """Waits until every process reaches this point; free with one process."""
-        if self.is_distributed:
+        """Waits until every process reaches this point; free with one process.
+
+        Raises:
+            RuntimeError: after the collective timeout, when a peer never arrives.
+        """
+        if not self.is_distributed:
+            return
+        if self.backend == "nccl":
+            # Naming the device spares NCCL from guessing it (and warning) from the rank.
+            dist.barrier(device_ids=[self.device.index])
+        else:
             dist.barrier()
 
     def shutdown(self) -> None:
-        """Leaves the process group, so the script exits cleanly."""
+        """Leaves the process group, so the script exits cleanly. Safe to call twice."""
         if self.is_distributed and dist.is_initialized():
             dist.destroy_process_group()

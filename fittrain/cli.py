@@ -1,0 +1,245 @@
+"""The `fittrain` command: `launch` runs a script on many processes, `env` describes this machine.
+
+`fittrain launch` is a thin layer over `torch.distributed.run` (torchrun): it translates
+Accelerate's option names into torchrun's, exports the strategy for the Accelerator, and turns the
+first failing rank into the exit code of the whole job. Rendezvous, process supervision and
+teardown are torchrun's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import sys
+from typing import Any, Sequence
+
+from .parallel import STRATEGIES, STRATEGY_ENV
+from .state import TIMEOUT_ENV
+
+_LAUNCH_EXAMPLES = """\
+examples:
+  fittrain launch --num_processes 2 train.py --lr 3e-4
+      two processes on this machine; everything after train.py goes to the script
+  fittrain launch --num_processes 8 --strategy fsdp -m mypackage.train
+      eight processes sharding the model with FSDP2, running a module
+  fittrain launch --num_processes 16 --nnodes 2 --node_rank 0 \\
+      --main_process_ip 10.0.0.1 --main_process_port 29500 train.py
+      the first of two machines with eight processes each; run the same line on the
+      second machine with --node_rank 1
+
+The job ends when any process fails, and exits with that process's exit code.
+"""
+
+_MAIN_EXAMPLES = """\
+examples:
+  fittrain launch --num_processes 2 train.py     run train.py on two processes
+  fittrain env                                   print versions and devices for a bug report
+"""
+
+#: Environment variables worth showing in a bug report when they are set.
+_REPORTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+                 "OMP_NUM_THREADS", STRATEGY_ENV, TIMEOUT_ENV)
+
+
+def _default_num_processes() -> int:
+    """One process per visible GPU, as Accelerate's default on a GPU machine; one without GPUs."""
+    import torch
+
+    return max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
+
+
+def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
+    launch = subparsers.add_parser(
+        "launch", help="run a training script on one or more processes (wraps torchrun)",
+        description="Run a training script on one or more processes, on one or more machines.\n"
+                    "A thin layer over torch.distributed.run (torchrun): it sets RANK, WORLD_SIZE,\n"
+                    "LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each process, which\n"
+                    "fittrain.Accelerator reads.",
+        epilog=_LAUNCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--num_processes", type=int, default=None, metavar="N",
+                        help="total number of processes across all machines (default: one per GPU, or 1)")
+    launch.add_argument("--nnodes", "--num_machines", dest="nnodes", type=int, default=1, metavar="M",
+                        help="number of machines taking part (default: 1)")
+    launch.add_argument("--node_rank", "--machine_rank", dest="node_rank", type=int, default=0, metavar="R",
+                        help="rank of this machine, from 0 to nnodes-1 (default: 0)")
+    launch.add_argument("--main_process_ip", default=None, metavar="IP",
+                        help="address of the machine with node_rank 0 (default: 127.0.0.1)")
+    launch.add_argument("--main_process_port", type=int, default=None, metavar="PORT",
+                        help="free port on the main machine (default: any free port on one machine, "
+                             "29500 on several)")
+    launch.add_argument("--strategy", choices=STRATEGIES, default=None,
+                        help=f"how to parallelise models; exported as {STRATEGY_ENV} and used by "
+                             "Accelerator(strategy='auto') (default: the script's own choice)")
+    launch.add_argument("-m", "--module", action="store_true",
+                        help="treat the script as a Python module name, as `python -m` does")
+    launch.add_argument("script", help="the training script (or module, with -m) to run")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="arguments passed unchanged to the script")
+    launch.set_defaults(handler=_run_launch, parser=launch)
+
+
+def _add_env_parser(subparsers: argparse._SubParsersAction) -> None:
+    env = subparsers.add_parser(
+        "env", help="print versions, devices and distributed backends, for bug reports",
+        description="Print fittrain, torch and Python versions, the platform, CPU count, CUDA/MPS\n"
+                    "devices and the available torch.distributed backends. Paste the output into\n"
+                    "bug reports.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    env.set_defaults(handler=_run_env, parser=env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `fittrain` argument parser, with the `launch` and `env` subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="fittrain", description="fittrain: train PyTorch models on one or many processes.",
+        epilog=_MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(title="commands", metavar="{launch,env}")
+    _add_launch_parser(subparsers)
+    _add_env_parser(subparsers)
+    return parser
+
+
+def _processes_per_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Checks the process layout and splits the total over the machines (parser.error on bad input)."""
+    total = args.num_processes if args.num_processes is not None else _default_num_processes()
+    if total < 1:
+        parser.error(f"--num_processes must be at least 1. Received: --num_processes {total}.")
+    if args.nnodes < 1:
+        parser.error(f"--nnodes must be at least 1. Received: --nnodes {args.nnodes}.")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node_rank must be between 0 and nnodes-1={args.nnodes - 1}. "
+                     f"Received: --node_rank {args.node_rank}.")
+    if total % args.nnodes:
+        parser.error(f"--num_processes counts processes on all machines, so it must divide by --nnodes. "
+                     f"Received: --num_processes {total} --nnodes {args.nnodes}. Use a multiple of {args.nnodes}.")
+    return total // args.nnodes
+
+
+def torchrun_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """Translates parsed `fittrain launch` options into torchrun's command line.
+
+    Args:
+        args: The parsed `launch` options.
+        parser: The `launch` parser, which reports invalid combinations.
+
+    Returns:
+        The argument list for `torch.distributed.run.main`.
+    """
+    if not args.module and not os.path.isfile(args.script):
+        # Fail here once, rather than in every worker after the rendezvous.
+        parser.error(f"the training script {args.script!r} does not exist. Received: script={args.script!r}. "
+                     "Pass a path to a Python file, or use -m for a module name.")
+    argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+            "--nproc-per-node", str(_processes_per_node(args, parser))]
+    if args.main_process_ip is not None:
+        argv += ["--master-addr", args.main_process_ip]
+    # Without a port on one machine torchrun picks a free one itself, so two jobs never collide.
+    if args.main_process_port is not None:
+        argv += ["--master-port", str(args.main_process_port)]
+    if args.module:
+        argv.append("--module")
+    return argv + [args.script, *args.script_args]
+
+
+def _first_failure(error: Any) -> Any:
+    """The failure that ended the job, from a ChildFailedError.
+
+    torchrun stamps failures in whole seconds, and when one rank fails it stops the others with
+    SIGTERM, usually within the same second. So among the earliest failures, a real exit code
+    wins over a signal, and SIGTERM (what the launcher itself sends) comes last.
+    """
+    def rank(failure: Any) -> tuple[int, int]:
+        code = failure.exitcode
+        kind = 0 if code > 0 else (2 if code == -signal.SIGTERM else 1)
+        return failure.timestamp, kind
+
+    return min(error.failures.values(), key=rank)
+
+
+def exit_code(error: BaseException) -> int:
+    """The shell exit code for a failed job: the first failing rank's, or 128+N for signal N."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(error, SignalException):
+        return 128 + int(error.sigval)
+    if isinstance(error, ChildFailedError) and error.failures:
+        code = _first_failure(error).exitcode
+        return 128 - code if code < 0 else (code or 1)  # A negative exit code is a signal number.
+    return 1
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    argv = torchrun_argv(args, args.parser)
+    if args.strategy is not None:
+        os.environ[STRATEGY_ENV] = args.strategy  # Inherited by every worker torchrun starts.
+    try:
+        torchrun.main(argv)
+    except ChildFailedError as error:
+        print(error.format_msg(), file=sys.stderr)
+        return exit_code(error)
+    except SignalException as error:
+        return exit_code(error)
+    return 0
+
+
+def _backends() -> str:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "none (torch built without torch.distributed)"
+    checks = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available}
+    return ", ".join(f"{name} {'yes' if check() else 'no'}" for name, check in checks.items())
+
+
+def _devices() -> list[str]:
+    import torch
+
+    lines = [f"CUDA available: {torch.cuda.is_available()}"]
+    if torch.cuda.is_available():
+        lines.append(f"CUDA version: {torch.version.cuda}")
+        lines += [f"CUDA device {i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    lines.append(f"MPS available: {bool(mps is not None and mps.is_available())}")
+    return lines
+
+
+def environment_report() -> str:
+    """Versions, platform, devices and distributed backends, as a Markdown list for bug reports."""
+    import torch
+
+    from . import __version__
+
+    lines = [f"fittrain version: {__version__}", f"torch version: {torch.__version__}",
+             f"Python version: {platform.python_version()} ({sys.executable})",
+             f"Platform: {platform.platform()}", f"CPU count: {os.cpu_count()}", *_devices(),
+             f"Distributed backends: {_backends()}"]
+    lines += [f"{name}={os.environ[name]}" for name in _REPORTED_ENV if name in os.environ]
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def _run_env(args: argparse.Namespace) -> int:
+    print(environment_report())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `fittrain` command line.
+
+    Args:
+        argv: The arguments after the program name; default: `sys.argv[1:]`.
+
+    Returns:
+        The process exit code: 0 on success, the first failing rank's code for a failed launch.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()  # Bare `fittrain`: show what it can do.
+        return 0
+    return args.handler(args)

@@ -1,0 +1,145 @@
+"""Helpers that run real multi-process jobs on gloo, on the CPU, and read back what each rank saw.
+
+Nothing is mocked: every job is a `torchrun` (or `fittrain launch`) subprocess whose workers
+join a real process group. Each job gets a free port and a deadline, and a job that overruns is
+killed with its whole process group, so a broken collective fails a test instead of hanging it.
+
+This module has a name of its own (not conftest) so test modules can import it unambiguously.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+SCRIPTS = pathlib.Path(__file__).parent / "scripts"
+#: Longest a job may run before it is killed; generous, because the machine may be shared.
+JOB_TIMEOUT = 240.0
+#: Collectives in workers fail after this many seconds, so a desynchronised job ends early.
+WORKER_COLLECTIVE_TIMEOUT = "90"
+#: torchrun's variables, which must not leak from an outer launcher into a job's environment.
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "FITTRAIN_STRATEGY")
+
+
+@dataclasses.dataclass
+class Finished:
+    """A finished job: its exit code, its combined stdout and stderr, how long it took, and when
+    it ended (wall-clock `time.time()`, comparable with timestamps that workers print)."""
+
+    returncode: int
+    output: str
+    seconds: float
+    ended_at: float
+
+    def check(self) -> "Finished":
+        """Fails the test with the job's output when it did not exit 0."""
+        if self.returncode != 0:
+            pytest.fail(f"job exited {self.returncode} after {self.seconds:.1f}s:\n{self.output[-6000:]}")
+        return self
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """This process's environment, minus any launcher variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
+    env.update(FITTRAIN_COLLECTIVE_TIMEOUT=WORKER_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Starts a job in its own process group, so it can be killed with all its workers."""
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env or job_env(), start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT) -> Finished:
+    """Waits for a job; past `timeout` it kills the job's process group and fails the test."""
+    try:
+        output, _ = proc.communicate(timeout=max(timeout - (time.monotonic() - started), 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"job still running after {timeout:.0f}s; killed it. Output:\n{output[-6000:]}")
+    return Finished(proc.returncode, output, time.monotonic() - started, time.time())
+
+
+def run(args: list[str], env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT) -> Finished:
+    """Runs one job to the end (see `finish`)."""
+    started = time.monotonic()
+    return finish(start(args, env), started, timeout)
+
+
+def run_together(commands: list[list[str]], timeout: float = JOB_TIMEOUT) -> list[Finished]:
+    """Runs jobs side by side (e.g. the nodes of one multi-node job) and waits for all of them.
+
+    Whatever happens while waiting, no job is left running: the ones still alive are killed.
+    """
+    started = time.monotonic()
+    procs = [start(command) for command in commands]
+    try:
+        return [finish(proc, started, timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+
+
+def torchrun(nproc: int, script: str, *script_args: str, port: int | None = None) -> list[str]:
+    """The command line of `python -m torch.distributed.run` for a script in scripts/."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-port", str(port or free_port()), str(SCRIPTS / script), *script_args]
+
+
+def fittrain_launch(nproc: int, script: str, *script_args: str, launch_args: tuple[str, ...] = ()) -> list[str]:
+    """The command line of `python -m fittrain launch` for a script in scripts/."""
+    return [sys.executable, "-m", "fittrain", "launch", "--num_processes", str(nproc),
+            "--main_process_port", str(free_port()), *launch_args, str(SCRIPTS / script), *script_args]
+
+
+def read_results(out: pathlib.Path, ranks: int) -> list[dict[str, Any]]:
+    """What each rank saved with torch.save, in rank order."""
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(ranks)]
+
+
+def load_script(name: str) -> ModuleType:
+    """Imports scripts/{name}.py, which the workers import as a sibling module."""
+    spec = importlib.util.spec_from_file_location(f"fittrain_distributed_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_state_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], atol: float) -> None:
+    """Same keys, and every tensor within `atol` of the expected one."""
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        diff = (actual[key].float() - expected[key].float()).abs().max().item()
+        assert diff <= atol, f"{key} differs by {diff:.3g} (allowed {atol:g})"
+
+
+def assert_state_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Same keys and bit-identical tensors."""
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        assert torch.equal(actual[key], expected[key]), f"{key} differs"
