@@ -25,7 +25,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
+    if args.smoke:
+        args.epochs, args.samples = 1, 64
 
     torch.manual_seed(0)
     accelerator = Accelerator(gradient_accumulation_steps=2)

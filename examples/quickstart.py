@@ -69,7 +69,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--project-dir", default="outputs/quickstart")
     parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
+    if args.smoke:
+        args.epochs, args.samples = 1, 64
 
     torch.manual_seed(0)
     train = DataLoader(two_moons(args.samples, seed=1), batch_size=32, shuffle=True)
