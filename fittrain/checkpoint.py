@@ -187,20 +187,6 @@ def _require(reader: CheckpointReader, name: str, what: str) -> None:
         )
 
 
-def _check_model_fits(path: pathlib.Path, live: dict[str, Any], saved: dict[str, torch.Tensor]) -> None:
-    """Raises before anything is loaded when `saved` cannot load strictly into a model whose
-    state dict is `live` (torch's load_state_dict would copy the matching part, then fail)."""
-    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
-    reshaped = [f"{k}: checkpoint {tuple(saved[k].shape)}, model {tuple(live[k].shape)}"
-                for k in live if k in saved and tuple(saved[k].shape) != tuple(live[k].shape)]
-    if missing or unexpected or reshaped:
-        problems = [f"{label} {items[:5]}{' ...' if len(items) > 5 else ''}" for label, items in
-                    (("missing keys", missing), ("unexpected keys", unexpected), ("other shapes", reshaped)) if items]
-        raise CheckpointError(
-            f"Checkpoint file {str(path)!r} does not fit the prepared model: {'; '.join(problems)}. "
-            "Nothing was loaded. Load a checkpoint saved from the same architecture.")
-
-
 def _check_optimizer_fits(path: pathlib.Path, live: Any, saved: Any) -> None:
     """Raises before anything is loaded when the saved optimizer has other parameter groups."""
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
@@ -216,9 +202,8 @@ def _check_optimizer_fits(path: pathlib.Path, live: Any, saved: Any) -> None:
 def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
     """Reads and verifies every file this process needs, without changing any live object.
 
-    A model whose live state dict is given in `parts.model_state_dicts` (an empty dict skips the
-    check) and every optimizer are checked against the files, so a checkpoint of another
-    architecture fails here instead of half-way through `apply_state`.
+    Every optimizer is checked against its file, so a checkpoint with other parameter groups fails
+    here instead of half-way through `apply_state` (models: `check_model_states`).
 
     Returns:
         The loaded pieces, to hand to `apply_state` once all of them proved intact.
@@ -243,9 +228,6 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
         "rng": reader.read_torch(rng_name),
         "meta": reader.read_json("accelerator_state.json") if reader.has("accelerator_state.json") else {},
     }
-    for name, live, saved in zip(names["models"], parts.model_state_dicts, loaded["models"]):
-        if live:
-            _check_model_fits(reader.path / name, live, saved)
     for name, live, saved in zip(names["optimizers"], parts.optimizers, loaded["optimizers"]):
         _check_optimizer_fits(reader.path / name, live, saved)
     return loaded

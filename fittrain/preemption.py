@@ -27,6 +27,24 @@ def _to_signal(value: int | str) -> signal.Signals:
                          f"Received: {value!r}.") from None
 
 
+def ignore_preemption_signals(worker_id: int = 0) -> None:
+    """Makes a DataLoader worker ignore SIGTERM and SIGUSR1; pass it as `worker_init_fn`.
+
+    Schedulers often signal a job's whole process group. PyTorch's DataLoader workers die on
+    SIGTERM, and the main process then fails on its next batch before it can save. A worker
+    that ignores the signal keeps serving batches until the Trainer has saved; it still exits
+    with the main process (PyTorch's workers watch their parent).
+
+    Args:
+        worker_id: The worker's number, as DataLoader passes it (unused).
+
+    Example:
+        >>> DataLoader(dataset, num_workers=4, worker_init_fn=ignore_preemption_signals)
+    """
+    for name in DEFAULT_SIGNALS:
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+
+
 class PreemptionWatcher:
     """Records preemption signals while installed; restores the previous handlers on exit.
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .accelerator import Accelerator
-from .checkpoint import ProjectConfiguration, latest_checkpoint
+from .checkpoint import CHECKPOINTS_DIR, ProjectConfiguration, latest_checkpoint
 from .events import Callback, EventDispatcher
 from .module import TrainModule
 from .parallel import check_strategy
@@ -199,6 +199,11 @@ class Trainer:
         fire("on_train_batch_end", self)
 
     def _save_and_exit(self) -> None:
+        # A user's Accelerator may lack automatic naming; "latest" must find this checkpoint.
+        config = self.accelerator.project_configuration
+        config.automatic_checkpoint_naming = True
+        if config.project_dir is None:
+            config.set_directories(self.project_dir)
         path = self.accelerator.save_state()
         self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
         raise SystemExit(PREEMPTION_EXIT_CODE)
@@ -284,7 +289,9 @@ class Trainer:
         if self.resume_from is None:
             return None
         if str(self.resume_from) == "latest":
-            root = pathlib.Path(self.accelerator.project_configuration.checkpoints_dir)
+            # Where Checkpointer and preemption save: the Accelerator's project_dir, else ours.
+            project = self.accelerator.project_configuration.project_dir or self.project_dir
+            root = pathlib.Path(project) / CHECKPOINTS_DIR
             return latest_checkpoint(root, lambda msg: warn_once(self, msg))
         for candidate in (pathlib.Path(self.resume_from), pathlib.Path(self.project_dir) / self.resume_from):
             if candidate.is_dir():

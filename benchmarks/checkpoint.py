@@ -1,0 +1,211 @@
+"""`save_state`/`load_state` against saving and loading the same tensors by hand.
+
+The state is an MLP (6 layers of 2048x2048 by default) with its AdamW state after one step:
+parameters plus two moments, about 300 MB. Every contender writes or reads those tensors:
+
+- **save_state / load_state**: fittrain's checkpoint (atomic folder, manifest with sizes and
+  CRC32s, every file fsynced; loading verifies every file, then restores model, optimizer and RNG).
+- **safetensors**: `save_file` of the model's state dict and of the optimizer's tensors (flattened),
+  `load_file` of both, then `load_state_dict` into the model and optimizer.
+- **torch.save**: `torch.save` of both state dicts, `torch.load(weights_only=True)`, `load_state_dict`.
+- The same two by hand **+ fsync**: what a hand-written save needs to survive a crash. A file that
+  is not fsynced may still be in the page cache, not on disk, when the machine goes down.
+
+Runs alternate (save_state, safetensors, torch.save, ... in rotated order) and the table shows
+each contender's median and its ratio to the hand-written medians. Files are written to a
+temporary folder on the same file system as `--dir` and deleted after each round.
+
+Usage:
+    python -m benchmarks.checkpoint                   # ~300 MB, 5 rounds
+    python -m benchmarks.checkpoint --mb 100 --repeats 3
+    python -m benchmarks.checkpoint --profile         # cProfile one save_state and one load_state
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import os
+import pathlib
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import safetensors.torch  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from fittrain import Accelerator  # noqa: E402
+
+HIDDEN = 2048
+BYTES_PER_PARAM = 12  # fp32 weights plus AdamW's two fp32 moments
+
+
+def build(mb: int) -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+    """A prepared MLP of about `mb` megabytes of weights plus AdamW state, after one step."""
+    torch.manual_seed(0)
+    layers = max(1, math.ceil(mb * 1e6 / BYTES_PER_PARAM / (HIDDEN * HIDDEN)))
+    model = nn.Sequential(*[nn.Linear(HIDDEN, HIDDEN) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(4, HIDDEN)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return accelerator, model, optimizer
+
+
+def _fsync(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _flat_optimizer(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {f"{i}.{k}": v for i, s in state_dict["state"].items() for k, v in s.items()}
+
+
+def _unflat_optimizer(flat: dict[str, torch.Tensor], template: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in flat.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": template["param_groups"]}
+
+
+class Contenders:
+    """The save and load functions being compared, all over the same live objects."""
+
+    def __init__(self, accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.acc, self.model, self.opt = accelerator, model, optimizer
+
+    def save_state(self, folder: pathlib.Path) -> None:
+        self.acc.save_state(folder)
+
+    def load_state(self, folder: pathlib.Path) -> None:
+        self.acc.load_state(folder)
+
+    def save_safetensors(self, folder: pathlib.Path, fsync: bool = False) -> None:
+        folder.mkdir()
+        safetensors.torch.save_file(self.model.state_dict(), folder / "model.safetensors")
+        safetensors.torch.save_file(_flat_optimizer(self.opt.state_dict()), folder / "optimizer.safetensors")
+        if fsync:
+            for name in ("model.safetensors", "optimizer.safetensors"):
+                _fsync(folder / name)
+
+    def load_safetensors(self, folder: pathlib.Path) -> None:
+        self.model.load_state_dict(safetensors.torch.load_file(folder / "model.safetensors"))
+        flat = safetensors.torch.load_file(folder / "optimizer.safetensors")
+        self.opt.load_state_dict(_unflat_optimizer(flat, self.opt.state_dict()))
+
+    def save_torch(self, folder: pathlib.Path, fsync: bool = False) -> None:
+        folder.mkdir()
+        torch.save(self.model.state_dict(), folder / "model.pt")
+        torch.save(self.opt.state_dict(), folder / "optimizer.pt")
+        if fsync:
+            for name in ("model.pt", "optimizer.pt"):
+                _fsync(folder / name)
+
+    def load_torch(self, folder: pathlib.Path) -> None:
+        self.model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+        self.opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+    def pairs(self) -> dict[str, tuple[Callable[[pathlib.Path], None], Callable[[pathlib.Path], None]]]:
+        return {
+            "save_state/load_state": (self.save_state, self.load_state),
+            "safetensors": (self.save_safetensors, self.load_safetensors),
+            "torch.save/load": (self.save_torch, self.load_torch),
+            "safetensors + fsync": (lambda f: self.save_safetensors(f, fsync=True), self.load_safetensors),
+            "torch.save + fsync": (lambda f: self.save_torch(f, fsync=True), self.load_torch),
+        }
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(contenders: Contenders, root: pathlib.Path, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Alternating rounds; returns {contender: {"save": [...], "load": [...]}}."""
+    pairs = contenders.pairs()
+    names = list(pairs)
+    times = {name: {"save": [], "load": []} for name in names}
+    for round_index in range(repeats + 1):  # round 0 warms caches and allocators; not counted
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        for name in order:
+            save, load = pairs[name]
+            folder = root / f"r{round_index}_{name.replace('/', '_').replace(' ', '')}"
+            save_s = _timed(lambda: save(folder))
+            load_s = _timed(lambda: load(folder))
+            shutil.rmtree(folder)
+            if round_index:
+                times[name]["save"].append(save_s)
+                times[name]["load"].append(load_s)
+    return times
+
+
+def report(times: dict[str, dict[str, list[float]]], megabytes: float) -> None:
+    medians = {name: {op: statistics.median(v) for op, v in ops.items()} for name, ops in times.items()}
+    base = ("safetensors", "torch.save/load")
+    print(f"\nState: {megabytes:.0f} MB (model + AdamW moments). Medians of {len(times['safetensors']['save'])} "
+          "alternating rounds.\n")
+    print(f"{'contender':<24} {'save s':>8} {'load s':>8}   {'save_state ÷ it':>16} {'load_state ÷ it':>16}")
+    print("-" * 78)
+    ours = medians["save_state/load_state"]
+    for name, m in medians.items():
+        if name == "save_state/load_state":
+            print(f"{name:<24} {m['save']:8.3f} {m['load']:8.3f}")
+        else:
+            print(f"{name:<24} {m['save']:8.3f} {m['load']:8.3f}   {ours['save'] / m['save']:15.2f}x "
+                  f"{ours['load'] / m['load']:15.2f}x")
+    worst_save = max(ours["save"] / medians[b]["save"] for b in base)
+    worst_load = max(ours["load"] / medians[b]["load"] for b in base)
+    print(f"\nTarget ≤ 1.10x against the hand-written baselines: save {worst_save:.2f}x, load {worst_load:.2f}x.")
+
+
+def profile(contenders: Contenders, root: pathlib.Path) -> None:
+    for op in ("save", "load"):
+        folder = root / "profiled"
+        if op == "save":
+            shutil.rmtree(folder, ignore_errors=True)
+            contenders.save_state(folder)  # warm-up
+            shutil.rmtree(folder)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        (contenders.save_state if op == "save" else contenders.load_state)(folder)
+        profiler.disable()
+        print(f"\n==== {op}_state ====")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+    shutil.rmtree(root / "profiled", ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=300, help="approximate size of model + optimizer state")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
+    parser.add_argument("--profile", action="store_true", help="cProfile one save_state and one load_state")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    accelerator, model, optimizer = build(args.mb)
+    megabytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3 / 1e6
+    contenders = Contenders(accelerator, model, optimizer)
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="fittrain-ckpt-bench-") as tmp:
+        root = pathlib.Path(tmp)
+        if args.profile:
+            profile(contenders, root)
+            return
+        report(run(contenders, root, args.repeats), megabytes)
+
+
+if __name__ == "__main__":
+    main()

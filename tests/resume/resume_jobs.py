@@ -1,0 +1,196 @@
+"""Helpers for the exact-resume suite: real training subprocesses and bitwise comparisons.
+
+(A module of its own, not conftest.py, so that `from resume_jobs import ...` is unambiguous
+when pytest collects several test folders that each have a conftest.)
+
+Every run that matters happens in a fresh Python process (scripts/train_job.py or
+scripts/plain_loop.py). A resumed process seeds every RNG with 999 instead of 0 before it builds
+anything, so whatever a checkpoint fails to restore changes the final parameters. Independent
+jobs run side by side (the machine has few cores and each job spends most of its time importing
+torch), and each job has a deadline after which its whole process group is killed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+
+SCRIPTS = pathlib.Path(__file__).parent / "scripts"
+TRAIN_JOB = SCRIPTS / "train_job.py"
+#: Longest a job may take before it is killed: generous, because the machine may be shared.
+JOB_TIMEOUT = 180.0
+#: The seed of a resumed process: anything not restored from the checkpoint then differs.
+OTHER_SEED = "999"
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def job_env() -> dict[str, str]:
+    """This environment without launcher variables; one thread per process; unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", FITTRAIN_COLLECTIVE_TIMEOUT="60")
+    return env
+
+
+class Job:
+    """A running subprocess in its own process group, with a deadline."""
+
+    def __init__(self, args: list[str], timeout: float = JOB_TIMEOUT) -> None:
+        self.args = [str(a) for a in args]
+        self.started = time.monotonic()
+        self.timeout = timeout
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=job_env(), start_new_session=True)
+        self.output = ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, expect: int | None = 0) -> "Job":
+        """Waits for the end; fails the test on a timeout or, when `expect` is set, another exit code."""
+        left = max(self.timeout - (time.monotonic() - self.started), 1.0)
+        try:
+            self.output, _ = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.output, _ = self.proc.communicate()
+            pytest.fail(f"job ran past {self.timeout:.0f}s and was killed: {' '.join(self.args)}\n"
+                        f"{self.output[-4000:]}")
+        if expect is not None and self.proc.returncode != expect:
+            pytest.fail(f"job exited {self.proc.returncode} (expected {expect}): {' '.join(self.args)}\n"
+                        f"{self.output[-6000:]}")
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to the job's main process only (its DataLoader workers notice on their own)."""
+        os.kill(self.pid, sig)
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def train_job(*args: Any) -> list[str]:
+    """The command line of scripts/train_job.py in a fresh interpreter."""
+    return [sys.executable, str(TRAIN_JOB), *map(str, args)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(nproc: int, script: pathlib.Path, *args: Any) -> list[str]:
+    """`python -m torch.distributed.run --nproc_per_node N --master_port <free> script args`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_port", str(free_port()), str(script), *map(str, args)]
+
+
+def load_params(path: pathlib.Path | str) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(path))
+
+
+def load_summary(path: pathlib.Path | str) -> dict[str, Any]:
+    return json.loads(pathlib.Path(f"{path}.json").read_text())
+
+
+def differing(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors that are not bitwise equal (all names when the keys differ)."""
+    if sorted(actual) != sorted(expected):
+        return sorted(set(actual) | set(expected))
+    return [k for k in expected if not torch.equal(actual[k], expected[k])]
+
+
+def assert_bitwise_equal(result: pathlib.Path, reference: pathlib.Path) -> None:
+    """The run that wrote `result` ended with exactly the parameters of the one that wrote `reference`."""
+    bad = differing(load_params(result), load_params(reference))
+    if bad:
+        got, want = load_summary(result), load_summary(reference)
+        pytest.fail(f"parameters differ bitwise in {bad}.\nresumed run: {got}\nreference:   {want}")
+    assert load_summary(result)["global_step"] == load_summary(reference)["global_step"]
+
+
+def checkpoint_meta(folder: pathlib.Path) -> dict[str, Any]:
+    return json.loads((folder / "accelerator_state.json").read_text())
+
+
+def load_script(name: str) -> ModuleType:
+    """Imports scripts/{name}.py under a private module name."""
+    spec = importlib.util.spec_from_file_location(f"fittrain_resume_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class References:
+    """Uninterrupted runs, computed once per session by one background process (scripts/references.py).
+
+    References never resume, so they need no fresh process; one process for all of them pays
+    for importing torch once. Each configuration runs twice: without any checkpointing, and
+    with saves (whose checkpoints the resume tests start from) while running on to the end.
+    `done` appears when all have finished, so a test can start its resumed jobs early and let
+    them wait for it (`--wait-for`).
+    """
+
+    SAVE_STEPS = "7,10"  # mid-epoch 1, and the end of epoch 1 before its validation
+    PLAIN_SAVE_STEP = 7
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.done = root / "done"
+        self.job: Job | None = None
+
+    def _runs(self) -> list[list[Any]]:
+        runs: list[list[Any]] = []
+        for workers in (0, 2):
+            for name, extra in ((f"single_w{workers}", ()),
+                                (f"single_w{workers}_saving", ("--save-steps", self.SAVE_STEPS))):
+                runs.append(["train", "--project", self.root / name, "--result", self.result(name),
+                             "--workers", workers, *extra])
+        runs.append(["plain", "--result", self.result("plain")])
+        runs.append(["plain", "--result", self.result("plain_saving"), "--checkpoint", self.plain_checkpoint,
+                     "--save-at-step", self.PLAIN_SAVE_STEP])
+        return runs
+
+    @property
+    def plain_checkpoint(self) -> pathlib.Path:
+        return self.root / "plain_checkpoint"
+
+    def checkpoint(self, name: str, index: int) -> pathlib.Path:
+        return self.root / name / "checkpoints" / f"checkpoint_{index}"
+
+    def start(self) -> None:
+        if self.job is None:
+            args: list[Any] = [SCRIPTS / "references.py", self.done]
+            for run in self._runs():
+                args += [*run, "--then"]
+            self.job = Job([sys.executable, *map(str, args[:-1])])
+
+    def result(self, name: str) -> pathlib.Path:
+        return self.root / f"{name}.safetensors"
+
+    def get(self, name: str) -> pathlib.Path:
+        self.start()
+        if self.job.proc.returncode is None:
+            self.job.wait()
+        return self.result(name)
