@@ -12,6 +12,7 @@ samples from the start of the epoch so every rank takes the same number of steps
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from typing import Any, Iterator
 
@@ -76,6 +77,16 @@ class _WorkerSeededDataset(torch.utils.data.Dataset):
             torch.manual_seed(seed)
         getitems = getattr(self.dataset, "__getitems__", None)
         return getitems(list(indices)) if getitems else [self.dataset[i] for i in indices]
+
+
+def _init_worker(user_init: Any, worker_id: int) -> None:
+    """Makes a worker outlive a preemption signal sent to the whole process group, so the
+    Trainer can finish its step and save; the worker still exits with its parent."""
+    from .preemption import ignore_preemption_signals
+
+    ignore_preemption_signals(worker_id)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 @dataclasses.dataclass
@@ -231,7 +242,7 @@ class DataLoaderShard:
         return DataLoader(
             _WorkerSeededDataset(loader.dataset) if workers > 0 else loader.dataset,
             batch_sampler=self.batch_sampler, num_workers=workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=functools.partial(_init_worker, loader.worker_init_fn),
             generator=self._generator, **kwargs)
 
     @property

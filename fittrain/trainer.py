@@ -7,6 +7,7 @@ Read `Trainer.fit` and `_train_batch` top to bottom: that is the whole loop. Eve
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pathlib
 from typing import Any, Iterator, Sequence
@@ -68,13 +69,31 @@ class _CallbackStates:
         self.callbacks = callbacks
 
     def state_dict(self) -> dict[str, Any]:
-        return {f"{i}:{type(cb).__name__}": cb.state_dict() for i, cb in enumerate(self.callbacks)}
+        states = {}
+        for i, cb in enumerate(self.callbacks):
+            states[f"{i}:{type(cb).__name__}"] = state = cb.state_dict()
+            _check_loadable(cb, state)
+        return states
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for i, cb in enumerate(self.callbacks):
             saved = state.get(f"{i}:{type(cb).__name__}")
             if saved:
                 cb.load_state_dict(saved)
+
+
+def _check_loadable(callback: Callback, state: Any) -> None:
+    """Fails at save time, naming the callback, for state a checkpoint could not load back."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as err:
+        raise TypeError(
+            f"{type(callback).__name__}.state_dict() returned state that a checkpoint cannot load back safely "
+            f"(torch.load(weights_only=True) refuses it: {str(err).splitlines()[0]}). Return tensors, Python "
+            "numbers, strings, lists, tuples, dicts or None, e.g. float(x) or torch.from_numpy(a).") from None
 
 
 class Trainer:
@@ -128,6 +147,7 @@ class Trainer:
         self.val_loader: Any = None
         self._scheduler_per_epoch = False
         self._averager: ValidationAverager | None = None
+        self._eval_loaders: dict[int, Any] = {}
 
     @property
     def callbacks(self) -> list[Callback]:
@@ -283,7 +303,11 @@ class Trainer:
 
     def _prepare_eval(self, loader: Any) -> Any:
         # No padding for evaluation: every sample counts once, and ranks meet only at the end.
-        return self.accelerator.prepare_data_loader(loader, even_batches=False)
+        # Prepared once per loader, so repeated validate() calls don't pile up data positions.
+        cached = self._eval_loaders.get(id(loader))
+        if cached is None or cached.base_loader is not loader:
+            cached = self._eval_loaders[id(loader)] = self.accelerator.prepare_data_loader(loader, even_batches=False)
+        return cached
 
     def _resolve_resume(self) -> pathlib.Path | None:
         if self.resume_from is None:

@@ -230,3 +230,26 @@ def test_empty_loader_missing_resume_and_missing_configure_optimizers(tmp_path):
 
     with pytest.raises(NotImplementedError, match="configure_optimizers"):
         Trainer(project_dir=tmp_path).fit(NoOptim(), make_loader())
+
+
+def test_unloadable_callback_state_fails_at_save_naming_the_callback(tmp_path):
+    import numpy as np
+
+    class NumpyState(Callback):
+        def state_dict(self):
+            return {"best": np.float64(1.0)}  # numpy scalars need unpickling: refused on load
+
+        def on_train_epoch_end(self, trainer):
+            trainer.accelerator.save_state()
+
+    with pytest.raises(TypeError, match="NumpyState.state_dict"):
+        Trainer(callbacks=[NumpyState()], project_dir=tmp_path).fit(Regressor(), make_loader())
+    assert not (tmp_path / "checkpoints" / "checkpoint_0").exists()
+
+
+def test_repeated_validate_prepares_the_loader_once(tmp_path):
+    trainer = Trainer(project_dir=tmp_path)
+    module, val = Regressor(), make_loader(n=8)
+    first = trainer.validate(module, val)
+    assert trainer.validate(module, val) == first
+    assert len(trainer.accelerator._dataloaders) == 1

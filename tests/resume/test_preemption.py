@@ -152,9 +152,6 @@ def test_group_sigterm_with_workers_saves_when_workers_ignore_it(tmp_path, train
     assert len(list_checkpoints(tmp_path / "checkpoints")) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="DataLoaderShard's workers keep torch's SIGTERM handler and die on a group SIGTERM; "
-                          "fixed once data.py installs ignore_preemption_signals in its workers (docs/resume.md)")
 def test_group_sigterm_with_workers_saves(tmp_path, train_job_module):
     with pytest.raises(SystemExit) as exit_info:
         _fit_with_workers(train_job_module, tmp_path)
