@@ -3,28 +3,45 @@
 A folder is written under a temporary sibling name, gets ``manifest.json`` last, and is renamed
 into place, so a folder without a manifest is never complete. The manifest's sizes and CRC32s
 catch damaged files. Reads use only safetensors, JSON or ``torch.load(weights_only=True)``.
+
+Files are streamed to disk once, checksummed as they are written (see `fittrain.fastio`), and
+fsynced on background threads that every process joins before the folder is renamed. A read
+checks a file's size and CRC32 over a memory map before anything parses it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import pathlib
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import safetensors.torch
 import torch
 
-MANIFEST_NAME = "manifest.json"
+from fittrain.fastio import (
+    MANIFEST_NAME,
+    CheckpointWriter,
+    _is_plain_name,
+    file_checksum,
+    saveable_tensors,
+)
+
+__all__ = [
+    "MANIFEST_NAME", "CheckpointError", "CheckpointReader", "CheckpointWriter",
+    "atomic_checkpoint", "is_intact", "list_checkpoints",
+]
+
 _FORMAT = "fittrain-checkpoint"
 _VERSION = 1
-_CHUNK = 16 * 1024 * 1024
+# Memory-mapped torch.load keeps a file's inode alive while its tensors live; on Windows that
+# would also stop old checkpoints from being deleted, so it copies there instead.
+_MMAP_TORCH_LOAD = os.name != "nt"
 
 
 class CheckpointError(RuntimeError):
@@ -33,12 +50,6 @@ class CheckpointError(RuntimeError):
 
 def _no_barrier() -> None:
     """Does nothing: the barrier of a single process."""
-
-
-def _is_plain_name(name: Any) -> bool:
-    """Whether a file name stays inside its folder and does not clash with the manifest."""
-    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST_NAME)
-            and "/" not in name and "\\" not in name)
 
 
 def _fsync_dir(directory: pathlib.Path) -> None:
@@ -52,16 +63,6 @@ def _fsync_dir(directory: pathlib.Path) -> None:
         os.close(fd)
 
 
-def _checksum_file(path: pathlib.Path) -> tuple[int, int]:
-    """Returns the size and CRC32 of a file, reading it in chunks to bound memory."""
-    size, crc = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            size += len(chunk)
-            crc = zlib.crc32(chunk, crc)
-    return size, crc
-
-
 def _brief(err: BaseException) -> str:
     """The line of an error that says what went wrong, without torch's advice to unpickle."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -69,115 +70,8 @@ def _brief(err: BaseException) -> str:
     return (unpickler or lines or [type(err).__name__])[0]
 
 
-def _saveable_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Returns detached, contiguous CPU tensors in which no two keys share memory.
-
-    safetensors refuses tensors that share storage (tied weights). Every key is kept and each
-    later alias becomes its own copy, so the file loads strictly with safetensors alone.
-
-    Raises:
-        TypeError: A key is not a string or a value is not a tensor.
-    """
-    result: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, value in tensors.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise TypeError(
-                "Tensors to save must be a dict of str keys to torch.Tensor values. "
-                f"Received: key {key!r} with a value of type {type(value).__name__}. "
-                "Remove non-tensor entries before saving."
-            )
-        tensor = value.detach().to("cpu").contiguous()
-        storage = tensor.untyped_storage()
-        if storage.nbytes() and storage.data_ptr():
-            if storage.data_ptr() in seen:
-                tensor = tensor.clone()
-            else:
-                seen.add(storage.data_ptr())
-        result[key] = tensor
-    return result
-
-
-class CheckpointWriter:
-    """Collects files for one checkpoint folder being written in a temporary sibling folder.
-
-    `atomic_checkpoint` creates the writer; each process writes only its own files. Every write
-    is flushed and fsynced, and its size and CRC32 are recorded for the manifest.
-
-    Args:
-        directory: The temporary folder being written. It must exist already.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self._path = pathlib.Path(directory)
-        self._records: dict[str, dict[str, int]] = {}
-
-    @property
-    def path(self) -> pathlib.Path:
-        """The temporary folder being written."""
-        return self._path
-
-    def write_bytes(self, name: str, data: bytes | memoryview) -> None:
-        """Writes raw bytes as one file and records its size and checksum.
-
-        Args:
-            name: A plain file name inside the checkpoint folder.
-            data: The file's full contents.
-
-        Raises:
-            ValueError: `name` has folders in it or is the manifest's name.
-        """
-        if not _is_plain_name(name):
-            raise ValueError(
-                "A checkpoint file name must be a plain file name without folders, other than "
-                f"{MANIFEST_NAME!r}. Received: name={name!r}. Pass a name such as 'optimizer.pt'."
-            )
-        view = memoryview(data).cast("B")
-        with open(self._path / name, "wb") as f:
-            f.write(view)
-            f.flush()
-            os.fsync(f.fileno())
-        self._records[name] = {"size": view.nbytes, "crc32": zlib.crc32(view)}
-
-    def write_tensors(
-        self, name: str, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
-    ) -> None:
-        """Writes tensors as a safetensors file.
-
-        Tensors are moved to the CPU and made contiguous; tied tensors are written as copies.
-
-        Args:
-            name: A plain file name, such as 'model.safetensors'.
-            tensors: The tensors, by key.
-            metadata: Optional string metadata stored in the safetensors header.
-
-        Raises:
-            TypeError: A value is not a tensor.
-        """
-        self.write_bytes(name, safetensors.torch.save(_saveable_tensors(tensors), metadata))
-
-    def write_torch(self, name: str, obj: Any) -> None:
-        """Writes an object with `torch.save`.
-
-        The object must load with ``torch.load(weights_only=True)``: tensors, dicts, lists,
-        tuples, numbers, strings and None. Anything else is refused when it is read back.
-
-        Args:
-            name: A plain file name, such as 'optimizer.pt'.
-            obj: The object to save.
-        """
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        self.write_bytes(name, buffer.getbuffer())
-
-    def write_json(self, name: str, obj: Any) -> None:
-        """Writes a JSON-serializable object as indented, key-sorted JSON.
-
-        Args:
-            name: A plain file name, such as 'trainer_state.json'.
-            obj: The object to save.
-        """
-        self.write_bytes(name, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"))
+# Kept under its old name for the modules that import it from here.
+_saveable_tensors = saveable_tensors
 
 
 def _write_manifest(writer: CheckpointWriter) -> None:
@@ -191,7 +85,7 @@ def _write_manifest(writer: CheckpointWriter) -> None:
                 f"Checkpoint folder {writer.path} holds {entry.name!r}, which is not a plain file. "
                 "Checkpoint files must be written with the CheckpointWriter's write_* methods."
             )
-        size, crc = _checksum_file(entry)
+        size, crc = file_checksum(entry)
         files[entry.name] = {"size": size, "crc32": crc}
     manifest = {"format": _FORMAT, "version": _VERSION, "files": dict(sorted(files.items()))}
     with open(writer.path / MANIFEST_NAME, "wb") as f:
@@ -254,8 +148,12 @@ def atomic_checkpoint(
     writer = CheckpointWriter(temp)
     try:
         yield writer
+        # Each process's files are on disk before the main process may rename the folder.
+        writer._wait_durable()
     except BaseException:
         # No barrier here: the other processes may never reach it, and the error must surface.
+        with contextlib.suppress(OSError):
+            writer._wait_durable()
         if is_main_process:
             shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -365,13 +263,20 @@ class CheckpointReader:
             f"Checkpoint file {str(path)!r} is damaged: {problem}. Load an earlier checkpoint."
         )
 
-    def _decode(self, name: str, decode: Callable[[bytes], Any], refusal: str) -> Any:
-        data = self.read_bytes(name)
+    def _verified(self, name: str) -> pathlib.Path:
+        """Checks a file's size and CRC32 against the manifest and returns its path."""
+        path = self._file(name)
+        self._check(path, *file_checksum(path, self._files[name]["size"]))
+        return path
+
+    def _decode(self, name: str, decode: Callable[[pathlib.Path], Any], refusal: str) -> Any:
+        """Verifies a file, then parses it with `decode`, naming the file if parsing fails."""
+        path = self._verified(name)
         try:
-            return decode(data)
+            return decode(path)
         except Exception as err:
             raise CheckpointError(
-                f"Checkpoint file {str(self._path / name)!r} {refusal}. Detail: {_brief(err)}"
+                f"Checkpoint file {str(path)!r} {refusal}. Detail: {_brief(err)}"
             ) from err
 
     def read_bytes(self, name: str) -> bytes:
@@ -391,6 +296,8 @@ class CheckpointReader:
     def read_tensors(self, name: str) -> dict[str, torch.Tensor]:
         """Reads a verified safetensors file and returns its tensors, by key, on the CPU.
 
+        The file's checksum is checked before safetensors parses it.
+
         Args:
             name: A safetensors file name listed in the manifest.
 
@@ -398,14 +305,17 @@ class CheckpointReader:
             CheckpointError: The file is damaged or is not a safetensors file.
         """
         return self._decode(
-            name, safetensors.torch.load,
+            name, lambda path: safetensors.torch.load_file(path, device="cpu"),
             "is not a valid safetensors file; load an earlier checkpoint",
         )
 
     def read_torch(self, name: str) -> Any:
         """Reads a verified `torch.save` file with ``weights_only=True`` and returns its object.
 
-        Tensors are loaded onto the CPU.
+        The file's checksum is checked before it is parsed. Tensors are on the CPU and, except
+        on Windows, memory-mapped from the file (``torch.load(mmap=True)``, copy-on-write):
+        their pages are read on first use and writing to them never changes the file. A mapping
+        lives as long as a tensor from it; the file can still be deleted or renamed meanwhile.
 
         Args:
             name: A file name listed in the manifest.
@@ -416,7 +326,8 @@ class CheckpointReader:
         """
         return self._decode(
             name,
-            lambda data: torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"),
+            lambda path: torch.load(path, weights_only=True, map_location="cpu",
+                                    mmap=_MMAP_TORCH_LOAD),
             "was refused: it is not a plain-tensor file that torch.load(weights_only=True) "
             "accepts, so it was never executed. Save only tensors, numbers, strings, lists "
             "and dicts",
@@ -431,7 +342,14 @@ class CheckpointReader:
         Raises:
             CheckpointError: The file is damaged or is not valid JSON.
         """
-        return self._decode(name, json.loads, "is not valid JSON; load an earlier checkpoint")
+        data = self.read_bytes(name)
+        try:
+            return json.loads(data)
+        except ValueError as err:
+            raise CheckpointError(
+                f"Checkpoint file {str(self._path / name)!r} is not valid JSON; load an earlier "
+                f"checkpoint. Detail: {_brief(err)}"
+            ) from err
 
     def verify(self) -> None:
         """Checks the size and checksum of every file in the manifest.
@@ -440,8 +358,7 @@ class CheckpointReader:
             CheckpointError: Naming the first file that is missing or damaged.
         """
         for name in self.names():
-            path = self._file(name)
-            self._check(path, *_checksum_file(path))
+            self._verified(name)
 
 
 def is_intact(directory: str | os.PathLike[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import pathlib
 import threading
 import zlib
@@ -317,3 +318,132 @@ def test_writer_can_be_used_directly(tmp_path):
     writer.write_tensors("t.safetensors", {"a": torch.zeros(2)})
     assert writer.path == tmp_path
     assert safetensors.torch.load_file(tmp_path / "t.safetensors")["a"].shape == (2,)
+
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def _every_dtype() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    tensors: dict[str, torch.Tensor] = {}
+    for dtype in _DTYPES:
+        name = str(dtype).split(".")[-1]
+        values = torch.randn(3, 5, generator=generator) * 50
+        tensors[f"{name}.matrix"] = values.to(dtype)
+        tensors[f"{name}.scalar"] = torch.tensor(7).to(dtype)
+        tensors[f"{name}.empty"] = torch.zeros(0, 4, dtype=dtype)
+    return tensors
+
+
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}])
+def test_safetensors_file_is_byte_identical_to_the_library(tmp_path, metadata):
+    tensors = _every_dtype()
+    with atomic_checkpoint(tmp_path / "c") as writer:
+        writer.write_tensors("model.safetensors", tensors, metadata)
+    path = tmp_path / "c" / "model.safetensors"
+    assert path.read_bytes() == safetensors.torch.save(tensors, metadata)
+    header_length = int.from_bytes(path.read_bytes()[:8], "little")
+    assert header_length % 8 == 0
+    loaded = safetensors.torch.load_file(path)
+    assert set(loaded) == set(tensors)
+    for key, value in tensors.items():
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == metadata
+        assert torch.equal(f.get_tensor("bfloat16.matrix"), tensors["bfloat16.matrix"])
+    read = CheckpointReader(tmp_path / "c").read_tensors("model.safetensors")
+    assert all(torch.equal(read[key], value) for key, value in tensors.items())
+
+
+def test_write_tensors_handles_views_and_non_ascii_keys(tmp_path):
+    base = torch.arange(24.0).reshape(4, 6)
+    tensors = {"transposed": base.t(), "slice": base[1:3, ::2], "ünïcode": torch.ones(2)}
+    with atomic_checkpoint(tmp_path / "c") as writer:
+        writer.write_tensors("t.safetensors", tensors)
+    loaded = safetensors.torch.load_file(tmp_path / "c" / "t.safetensors")
+    assert all(torch.equal(loaded[key], value) for key, value in tensors.items())
+
+
+def test_failed_write_leaves_no_partial_file(tmp_path):
+    writer = CheckpointWriter(tmp_path)
+    with pytest.raises(Exception):
+        writer.write_torch("bad.pt", {"f": lambda: None})  # Lambdas cannot be pickled.
+    with pytest.raises(TypeError):
+        writer.write_tensors("bad.safetensors", {"a": 1.0})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_rank_fsyncs_its_files_before_the_rename_barrier(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (real_fsync(fd), synced.append(fd))[0])
+    calls = 0
+
+    def barrier() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # The barrier that lets the main process rename the folder.
+            assert len(synced) == 2, "files must be fsynced before the barrier"
+
+    with atomic_checkpoint(tmp_path / "c", is_main_process=False, barrier=barrier) as writer:
+        (tmp_path / ".c.tmp").mkdir()
+        writer.write_bytes("a.bin", b"a" * 10)
+        writer.write_torch("b.pt", {"x": torch.ones(3)})
+    assert calls == 3
+
+
+def test_failed_fsync_fails_the_save_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    _write_sample(tmp_path / "c")
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        with atomic_checkpoint(tmp_path / "c") as writer:
+            writer.write_json("trainer_state.json", {"global_step": 99})
+    monkeypatch.undo()
+    assert CheckpointReader(tmp_path / "c").read_json("trainer_state.json") == {"global_step": 7}
+    assert not (tmp_path / ".c.tmp").exists()
+
+
+def test_damaged_file_is_never_parsed(tmp_path, monkeypatch):
+    _write_sample(tmp_path / "c")
+    path = tmp_path / "c" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # Still a valid safetensors file, with one wrong value.
+    path.write_bytes(bytes(data))
+
+    def parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a damaged file must not be parsed")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", parse)
+    monkeypatch.setattr(torch, "load", parse)
+    reader = CheckpointReader(tmp_path / "c")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*checksum mismatch"):
+        reader.read_tensors("model.safetensors")
+
+
+def test_loaded_files_can_be_deleted_while_their_tensors_live(tmp_path):
+    with atomic_checkpoint(tmp_path / "c") as writer:
+        writer.write_torch("big.pt", {"x": torch.arange(100_000.0)})
+        writer.write_tensors("big.safetensors", {"y": torch.arange(100_000.0)})
+    reader = CheckpointReader(tmp_path / "c")
+    loaded = reader.read_torch("big.pt")
+    tensors = reader.read_tensors("big.safetensors")
+    shutil.rmtree(tmp_path / "c")
+    loaded["x"] += 1  # Copy-on-write: the tensor stays writable and the file is untouched.
+    assert torch.equal(loaded["x"], torch.arange(100_000.0) + 1)
+    assert torch.equal(tensors["y"], torch.arange(100_000.0))
+
+
+def test_empty_and_zero_size_files_round_trip(tmp_path):
+    with atomic_checkpoint(tmp_path / "c") as writer:
+        writer.write_bytes("empty.bin", b"")
+        writer.write_tensors("none.safetensors", {})
+    reader = CheckpointReader(tmp_path / "c")
+    reader.verify()
+    assert reader.read_bytes("empty.bin") == b""
+    assert reader.read_tensors("none.safetensors") == {}
+    assert (tmp_path / "c" / "none.safetensors").read_bytes() == safetensors.torch.save({})

@@ -169,13 +169,13 @@ def _main_process_first_order(acc: Accelerator, out: pathlib.Path) -> list[str]:
 
 
 def _record_writes(written: list[str]) -> None:
-    original = CheckpointWriter.write_bytes
+    original = CheckpointWriter._write_file
 
-    def recording(self: CheckpointWriter, name: str, data: Any) -> None:
+    def recording(self: CheckpointWriter, name: str, fill: Any) -> None:
         written.append(name)
-        original(self, name, data)
+        original(self, name, fill)
 
-    CheckpointWriter.write_bytes = recording  # type: ignore[method-assign]
+    CheckpointWriter._write_file = recording  # type: ignore[method-assign]
 
 
 def _epoch(acc: Accelerator, model: nn.Module, optimizer: Any, loader: Any) -> dict[str, Any]:
