@@ -249,19 +249,21 @@ class Accelerator:
             loss = loss / self.gradient_state.num_steps
         self.precision.scale_loss(loss).backward(**kwargs)
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> ContextManager[None]:
         """Marks one batch of an accumulation window; skips gradient sync until its last batch.
 
         Inside, `sync_gradients` tells whether the optimizer will really step. The window also
         closes on the last batch of a prepared loader.
         """
         self.gradient_state.begin_batch()
-        with contextlib.ExitStack() as stack:
-            if not self.gradient_state.sync_gradients:
-                for model in models:
-                    stack.enter_context(parallel.no_sync(model))
-            yield
+        if self.gradient_state.sync_gradients or not models:
+            # The common case (every sync step, and every step without accumulation) enters no
+            # context at all: this runs once per batch, so it must cost next to nothing.
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(parallel.no_sync(model))
+        return stack
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:
         """A context in which backward does not synchronise `model`'s gradients across processes."""

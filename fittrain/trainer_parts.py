@@ -67,7 +67,7 @@ def extract_loss(output: Any) -> torch.Tensor | None:
     if not _is_scalar(output):
         raise ValueError(f"training_step must return a scalar loss. Received a tensor of shape "
                          f"{tuple(output.shape)}; reduce it, e.g. loss.mean().")
-    return output.reshape(())
+    return output if output.ndim == 0 else output.reshape(())
 
 
 def make_step_runner(model: nn.Module, module: "TrainModule") -> Callable[[str, Any], Any]:
