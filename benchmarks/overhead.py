@@ -1,0 +1,709 @@
+"""Per-step overhead of fittrain's loops against a hand-written PyTorch loop.
+
+The model is a tiny MLP on the CPU with one thread, so a step costs well under a millisecond and
+any Python a framework adds per step shows in the ratio. Every loop trains the same model (same
+initial weights) on the same data for the same number of optimizer steps, in two modes:
+
+- **DataLoader**: a real `DataLoader` over a `TensorDataset` builds each batch (index + collate).
+- **pre-built**: batches are collated once, before timing. The hand loop and the Accelerator loop
+  iterate a plain Python list of them (nothing is prepared). `Trainer.fit` accepts only a
+  DataLoader, so it gets the cheapest one that yields the same ready batches: a dataset whose
+  `__getitems__` returns a whole pre-built batch, and an identity `collate_fn`. What that loader
+  costs over the list is torch's DataLoader machinery; the row "hand loop, Trainer's pre-built
+  loader" shows it alone, so the Trainer's own share is visible.
+
+What is timed: every loop's batch source ticks a clock when it hands out a batch (the collate
+function, `__getitems__`, or the list iterator: the same code in every loop), so the intervals
+between ticks are whole steps in steady state. They include epoch boundaries and the callbacks'
+periodic work (a Logger write every 50 steps, a checkpoint every 500, hence the default of 501
+steps) and exclude one-off setup and teardown (prepare, opening TensorBoard, closing files),
+which the table reports apart as the fixed cost per run.
+
+Runs alternate with the hand loop (H A H B H C ... H, contender order rotated each round). A
+shared machine only ever adds time, and it adds it at random steps, while every run of a loop
+repeats the same steps. So for each step position the table takes the fastest of the runs and
+averages those: interference goes, the work a step really does stays. The ratio divides that by
+the same statistic of the hand runs taken just before each run. The plain median ratio to the
+hand runs around each run is shown beside it; on an idle machine the two agree.
+
+Usage:
+    python -m benchmarks.overhead                  # defaults: about two minutes on a slow 2-core VM
+    python -m benchmarks.overhead --quick          # a smoke run
+    python benchmarks/overhead.py --steps 1001 --repeats 15
+    python -m benchmarks.overhead --profile "no callbacks" --mode prebuilt   # cProfile one loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import dataclasses
+import gc
+import io
+import logging
+import os
+import platform
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+if not __package__:  # run as a script: make the checkout importable even when it is not installed
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The benchmark is about CPU overhead; keep the Trainer (which picks a GPU when it sees one) on
+# the CPU too. CUDA reads this lazily, at its first use, so setting it here is early enough.
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+
+from fittrain import Accelerator, TrainModule, Trainer
+
+IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 64, 1
+BATCH_SIZE = 32
+NUM_BATCHES = 128  # per epoch: a default run crosses epoch boundaries, as real runs do
+LR, MOMENTUM = 0.01, 0.9
+LOGGER_EVERY, CHECKPOINT_EVERY = 50, 500
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- the clock
+class StepClock:
+    """Timestamps batch hand-outs: the intervals between them are whole steps."""
+
+    __slots__ = ("now", "times")
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.times: list[float] = []
+
+    def tick(self) -> None:
+        """Records one batch hand-out (well under a microsecond, the same in every loop)."""
+        self.times.append(self.now())
+
+    def intervals(self) -> tuple[float, ...]:
+        """Seconds of each step between the first and the last tick."""
+        if len(self.times) < 2:
+            raise RuntimeError(f"Too few steps to time: {len(self.times)} batch(es). Use --steps 2 or more.")
+        return tuple(b - a for a, b in zip(self.times, self.times[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """One timed run: the duration of each step, the whole call's seconds, and its steps."""
+
+    intervals: tuple[float, ...]
+    total: float
+    steps: int
+
+    @property
+    def per_step(self) -> float:
+        """Mean seconds per step over this run's steady state."""
+        return sum(self.intervals) / len(self.intervals)
+
+    @property
+    def fixed(self) -> float:
+        """Seconds outside the steady state: setup and teardown (about 0 for the hand loop)."""
+        return max(self.total - self.per_step * self.steps, 0.0)
+
+
+def quiet_per_step(runs: Sequence[RunResult]) -> float:
+    """Mean step time with interference removed: for each step position, the fastest run's time.
+
+    Every run of a loop does the same steps in the same order, so deterministic work (an epoch
+    boundary, a Logger write at step 50, a checkpoint at step 500) sits at the same position in
+    each run and survives the minimum, while a preemption by another process hits a random step
+    of one run and does not. On an idle machine it comes close to the plain mean.
+    """
+    columns = zip(*(run.intervals for run in runs))
+    fastest = [min(column) for column in columns]
+    return sum(fastest) / len(fastest)
+
+
+# --------------------------------------------------------------------------- the workload
+class TinyMLP(TrainModule):
+    """32→64→64→1, small enough that per-step Python overhead is a visible share of a step.
+
+    The hand loop uses this very class, so every loop runs the same forward and loss; the only
+    difference is who calls them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                                 nn.Linear(HIDDEN, OUT_FEATURES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+class TimedCollate:
+    """`default_collate` that ticks the clock: the same per-batch cost in every loop."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def __call__(self, samples: list[Any]) -> Any:
+        self.clock.tick()
+        return default_collate(samples)
+
+
+class PrebuiltBatches(Dataset):
+    """A dataset of `len(batches) * BATCH_SIZE` samples that hands out whole pre-built batches.
+
+    The DataLoader's fetcher calls `__getitems__` once per batch with consecutive indices (no
+    shuffle), so each call is a list lookup, and the identity collate returns the batch as is.
+    """
+
+    def __init__(self, batches: list[Batch], clock: StepClock) -> None:
+        self.batches = batches
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return len(self.batches) * BATCH_SIZE
+
+    def __getitem__(self, index: int) -> Any:
+        raise TypeError("PrebuiltBatches serves whole batches through __getitems__ only.")
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        self.clock.tick()
+        return self.batches[indices[0] // BATCH_SIZE]
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Everything a run needs, built once so every run starts from identical weights and data."""
+
+    dataset: TensorDataset
+    batches: list[Batch]
+    init_state: dict[str, torch.Tensor]
+    steps: int
+    now: Callable[[], float] = time.perf_counter  # or time.process_time: see --clock
+
+    def clock(self) -> StepClock:
+        """A fresh clock for one run."""
+        return StepClock(self.now)
+
+    def model(self) -> TinyMLP:
+        """A fresh model with the shared initial weights."""
+        model = TinyMLP()
+        model.load_state_dict(self.init_state)
+        return model
+
+    def loader(self, clock: StepClock) -> DataLoader:
+        """A real DataLoader that indexes and collates every batch (shuffled, as in training)."""
+        torch.manual_seed(0)  # the same shuffle for every run
+        return DataLoader(self.dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True,
+                          collate_fn=TimedCollate(clock))
+
+    def prebuilt_loader(self, clock: StepClock) -> DataLoader:
+        """The cheapest DataLoader over the pre-built batches (see `PrebuiltBatches`)."""
+        return DataLoader(PrebuiltBatches(self.batches, clock), batch_size=BATCH_SIZE, collate_fn=_identity)
+
+    def source(self, mode: str, clock: StepClock) -> Iterable[Batch]:
+        """What the hand and Accelerator loops iterate: a real loader, or the list itself."""
+        return self.loader(clock) if mode == "loader" else TimedList(self.batches, clock)
+
+
+class TimedList:
+    """The pre-built batches as a plain iterable; ticks the clock per batch like the loaders do."""
+
+    def __init__(self, batches: list[Batch], clock: StepClock) -> None:
+        self.batches = batches
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Batch]:
+        tick = self.clock.tick
+        for batch in self.batches:
+            tick()
+            yield batch
+
+
+def make_workload(steps: int, now: Callable[[], float] = time.perf_counter) -> Workload:
+    """Random regression data and one initial set of weights, from fixed seeds."""
+    generator = torch.Generator().manual_seed(0)
+    n = NUM_BATCHES * BATCH_SIZE
+    x = torch.randn(n, IN_FEATURES, generator=generator)
+    y = x[:, :1] * 0.5 + 0.1 * torch.randn(n, 1, generator=generator)
+    batches = [(x[i:i + BATCH_SIZE].clone(), y[i:i + BATCH_SIZE].clone()) for i in range(0, n, BATCH_SIZE)]
+    torch.manual_seed(0)
+    init_state = {k: v.clone() for k, v in TinyMLP().state_dict().items()}
+    return Workload(TensorDataset(x, y), batches, init_state, steps, now)
+
+
+def _cycle(source: Iterable[Batch], steps: int) -> Iterator[Batch]:
+    """Epochs of `source` until `steps` batches were yielded (a new iterator per epoch)."""
+    done = 0
+    while done < steps:
+        for batch in source:
+            yield batch
+            done += 1
+            if done == steps:
+                return
+
+
+# --------------------------------------------------------------------------- the loops
+# Each returns a RunResult. What a user builds once (model, optimizer, Accelerator, prepare()) is
+# built before the call is timed; Trainer.fit is timed whole, since that is the call users make.
+
+def _result(clock: StepClock, start: float, work: Workload) -> RunResult:
+    return RunResult(clock.intervals(), work.now() - start, work.steps)
+
+
+def run_hand(work: Workload, mode: str) -> RunResult:
+    """The baseline: zero_grad, forward, loss, backward, step."""
+    clock = work.clock()
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    source = work.source(mode, clock)
+    start = work.now()
+    for x, y in _cycle(source, work.steps):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    return _result(clock, start, work)
+
+
+def run_hand_prebuilt_loader(work: Workload, mode: str) -> RunResult:
+    """The hand loop over the loader `Trainer.fit` gets in pre-built mode: torch's own cost."""
+    clock = work.clock()
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    source = work.prebuilt_loader(clock)
+    start = work.now()
+    for x, y in _cycle(source, work.steps):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    return _result(clock, start, work)
+
+
+def run_accelerator(work: Workload, mode: str) -> RunResult:
+    """fittrain's Accelerator loop, as an Accelerate user writes it (no accumulate())."""
+    clock = work.clock()
+    accelerator = Accelerator(cpu=True)
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    if mode == "loader":
+        model, optimizer, source = accelerator.prepare(model, optimizer, work.loader(clock))
+    else:  # pre-built batches are already where they belong: nothing to prepare
+        model, optimizer = accelerator.prepare(model, optimizer)
+        source = TimedList(work.batches, clock)
+    start = work.now()
+    for x, y in _cycle(source, work.steps):
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return _result(clock, start, work)
+
+
+def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> RunResult:
+    """Times one `Trainer.fit` in a throwaway project folder (logs and checkpoints go there)."""
+    clock = work.clock()
+    project = tempfile.mkdtemp(prefix="fittrain-bench-")
+    try:
+        trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project)
+        module = work.model()
+        loader = work.loader(clock) if mode == "loader" else work.prebuilt_loader(clock)
+        # The progress bar would flood the table; a real terminal costs more, not less.
+        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+            start = work.now()
+            trainer.fit(module, loader)
+            return _result(clock, start, work)
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def run_trainer(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with no callbacks."""
+    return _fit(work, mode, list)
+
+
+def run_trainer_logger(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with `Logger(every_n_steps=50)` (TensorBoard and progress bar on)."""
+    from fittrain.callbacks import Logger
+
+    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY)])
+
+
+def run_trainer_logger_ckpt(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with Logger(every_n_steps=50) and Checkpointer(every_n_steps=500)."""
+    from fittrain.callbacks import Checkpointer, Logger
+
+    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY),
+                                     Checkpointer(every_n_steps=CHECKPOINT_EVERY)])
+
+
+def run_hf_accelerate(work: Workload, mode: str) -> RunResult:
+    """Hugging Face Accelerate's loop: the same code with `from accelerate import Accelerator`."""
+    from accelerate import Accelerator as HFAccelerator
+
+    clock = work.clock()
+    accelerator = HFAccelerator(cpu=True)
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    if mode == "loader":
+        model, optimizer, source = accelerator.prepare(model, optimizer, work.loader(clock))
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        source = TimedList(work.batches, clock)
+    start = work.now()
+    for x, y in _cycle(source, work.steps):
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return _result(clock, start, work)
+
+
+def run_lightning(work: Workload, mode: str) -> RunResult:
+    """Lightning's Trainer with logger, checkpointing, progress bar and summary off."""
+    try:
+        import lightning as L
+    except ImportError:
+        import pytorch_lightning as L  # type: ignore[no-redef]
+
+    class LitMLP(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = work.model()
+
+        def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+            return self.inner.training_step(batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return self.inner.configure_optimizers()
+
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # its banners would interleave with the table
+    clock = work.clock()
+    trainer = L.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    loader = work.loader(clock) if mode == "loader" else work.prebuilt_loader(clock)
+    module = LitMLP()
+    start = work.now()
+    trainer.fit(module, loader)
+    return _result(clock, start, work)
+
+
+def run_ignite(work: Workload, mode: str) -> RunResult:
+    """Ignite's `create_supervised_trainer`, which iterates any iterable (lists included).
+
+    It runs whole epochs (the step count rounded up to one), which leaves the per-step time as is.
+    """
+    from ignite.engine import create_supervised_trainer
+
+    clock = work.clock()
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    engine = create_supervised_trainer(model, optimizer, F.mse_loss)
+    source = work.source(mode, clock)
+    epochs = -(-work.steps // NUM_BATCHES)
+    start = work.now()
+    engine.run(source, max_epochs=epochs, epoch_length=NUM_BATCHES)
+    return _result(clock, start, work)
+
+
+# --------------------------------------------------------------------------- which rows run
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One loop: its runner, the modes it runs in, its target ratios and what it needs to import."""
+
+    name: str
+    run: Callable[[Workload, str], RunResult]
+    modes: tuple[str, ...] = ("loader", "prebuilt")
+    target: dict[str, float] = dataclasses.field(default_factory=dict)
+    needs: tuple[str, ...] = ()  # "module" or "module:Name"; "a|b" means either
+
+
+MODES = ("loader", "prebuilt")
+AA_CONTROL = "hand loop again (A/A control)"
+AA_TOLERANCE = 0.02
+MODE_TITLES = {"loader": "DataLoader", "prebuilt": "pre-built"}
+
+CONTENDERS = (
+    # The hand loop against itself: its ratio is this run's measurement error. When it strays from
+    # 1.000× by more than a target's margin, the machine is too busy to judge that target.
+    Contender(AA_CONTROL, run_hand),
+    Contender("fittrain Accelerator loop", run_accelerator, target={"prebuilt": 1.03}),
+    Contender("fittrain Trainer.fit, no callbacks", run_trainer, target={"loader": 1.05, "prebuilt": 1.05}),
+    Contender(f"Trainer.fit + Logger({LOGGER_EVERY})", run_trainer_logger,
+              target={"loader": 1.10, "prebuilt": 1.10}, needs=("fittrain.callbacks:Logger",)),
+    Contender(f"Trainer.fit + Logger({LOGGER_EVERY}) + Checkpointer({CHECKPOINT_EVERY})", run_trainer_logger_ckpt,
+              needs=("fittrain.callbacks:Logger", "fittrain.callbacks:Checkpointer")),
+    Contender("hand loop, Trainer's pre-built loader", run_hand_prebuilt_loader, modes=("prebuilt",)),
+    Contender("HF Accelerate loop", run_hf_accelerate, needs=("accelerate",)),
+    Contender("Lightning Trainer", run_lightning, needs=("lightning|pytorch_lightning",)),
+    Contender("Ignite supervised trainer", run_ignite, needs=("ignite",)),
+)
+
+
+def _importable(spec: str) -> bool:
+    """Whether any alternative of `a|b` imports; `module:Name` also needs the module to define Name."""
+    for alternative in spec.split("|"):
+        module, _, attr = alternative.partition(":")
+        try:
+            imported = __import__(module, fromlist=["_"])
+        except Exception:  # not installed, or broken mid-edit: either way the row cannot run
+            continue
+        if not attr or hasattr(imported, attr):
+            return True
+    return False
+
+
+def available(contenders: Sequence[Contender], only: str | None) -> tuple[list[Contender], list[str]]:
+    """The contenders that can run here, and a note for each one skipped."""
+    chosen, notes = [], []
+    for contender in contenders:
+        if only and only.lower() not in contender.name.lower() and contender.name != AA_CONTROL:
+            continue
+        missing = [spec for spec in contender.needs if not _importable(spec)]
+        if missing:
+            notes.append(f"skipped {contender.name!r}: {', '.join(missing)} not importable here")
+        else:
+            chosen.append(contender)
+    return chosen, notes
+
+
+# --------------------------------------------------------------------------- timing
+@dataclasses.dataclass
+class Samples:
+    """One loop's runs in one mode, with the hand runs just before them and each run's ratio."""
+
+    runs: list[RunResult] = dataclasses.field(default_factory=list)
+    # As many hand runs as own runs, taken just before each: a minimum over more runs would
+    # flatter the hand loop, and neighbours in time share the machine's mood.
+    hand_before: list[RunResult] = dataclasses.field(default_factory=list)
+    ratios: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def quiet(self) -> float:
+        return quiet_per_step(self.runs)
+
+    @property
+    def quiet_ratio(self) -> float:
+        return self.quiet / quiet_per_step(self.hand_before)
+
+    @property
+    def fixed(self) -> float:
+        return statistics.median(r.fixed for r in self.runs)
+
+
+def _timed(run: Callable[[Workload, str], RunResult], work: Workload, mode: str) -> RunResult:
+    gc.collect()  # start every run with the same garbage, so collection pauses fall alike
+    return run(work, mode)
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Everything one benchmark run timed."""
+
+    # The first hand run of each round: as many as each contender has, for the baseline row.
+    hand_first: dict[str, list[RunResult]]
+    hand_all: dict[str, list[RunResult]]  # for the noise line
+    results: dict[tuple[str, str], Samples]
+
+
+def measure(work: Workload, contenders: Sequence[Contender], repeats: int,
+            log: Callable[[str], None]) -> Measurement:
+    """Runs H C1 H C2 ... H per mode and round, rotating the contender order every round."""
+    out = Measurement({mode: [] for mode in MODES}, {mode: [] for mode in MODES}, {})
+    for round_index in range(repeats):
+        for mode in MODES:
+            group = [c for c in contenders if mode in c.modes]
+            shift = round_index % max(len(group), 1)
+            group = group[shift:] + group[:shift]
+            _timed(run_hand, work, mode)  # discarded: the first run after a mode switch starts cold
+            before = _timed(run_hand, work, mode)
+            out.hand_first[mode].append(before)
+            out.hand_all[mode].append(before)
+            for contender in group:
+                result = _timed(contender.run, work, mode)
+                after = _timed(run_hand, work, mode)
+                out.hand_all[mode].append(after)
+                samples = out.results.setdefault((contender.name, mode), Samples())
+                samples.runs.append(result)
+                samples.hand_before.append(before)
+                samples.ratios.append(result.per_step / ((before.per_step + after.per_step) / 2))
+                before = after
+        log(f"round {round_index + 1}/{repeats} done")
+    return out
+
+
+def warm_up(work: Workload, contenders: Sequence[Contender]) -> None:
+    """One short run of everything: first calls pay for lazy imports and allocator growth."""
+    short = dataclasses.replace(work, steps=min(work.steps, 60))
+    for mode in MODES:
+        run_hand(short, mode)
+        for contender in contenders:
+            if mode in contender.modes:
+                contender.run(short, mode)
+
+
+# --------------------------------------------------------------------------- report
+def _verdict(ratio: float, target: float | None) -> str:
+    if target is None:
+        return ""
+    return f"≤{target:.2f}× ✅" if ratio <= target else f"≤{target:.2f}× ❌"
+
+
+def format_table(measured: Measurement, contenders: Sequence[Contender]) -> str:
+    """A markdown table, one row per loop and batch mode."""
+    lines = ["| loop | batches | µs/step | × hand | × hand, median of pairs | fixed ms per run | target |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for mode in MODES:
+        base = quiet_per_step(measured.hand_first[mode])
+        fixed = statistics.median(r.fixed for r in measured.hand_all[mode])
+        lines.append(f"| hand-written loop (baseline) | {MODE_TITLES[mode]} | {base * 1e6:.1f} | 1.000× | 1.000× | "
+                     f"{fixed * 1e3:.1f} | |")
+        for contender in contenders:
+            samples = measured.results.get((contender.name, mode))
+            if samples is None:
+                continue
+            ratio = samples.quiet_ratio
+            lines.append(f"| {contender.name} | {MODE_TITLES[mode]} | {samples.quiet * 1e6:.1f} | {ratio:.3f}× | "
+                         f"{statistics.median(samples.ratios):.3f}× | {samples.fixed * 1e3:.1f} | "
+                         f"{_verdict(ratio, contender.target.get(mode))} |")
+    return "\n".join(lines)
+
+
+def _noise(measured: Measurement) -> str:
+    parts = []
+    for mode in MODES:
+        steps = sorted(r.per_step * 1e6 for r in measured.hand_all[mode])
+        parts.append(f"{MODE_TITLES[mode]} {steps[0]:.0f}–{steps[-1]:.0f} µs/step (median "
+                     f"{statistics.median(steps):.0f}) over {len(steps)} runs")
+    return "Hand-loop run means, a measure of this machine's noise: " + "; ".join(parts) + "."
+
+
+def control_warning(results: dict[tuple[str, str], Samples]) -> list[str]:
+    """Warnings for modes whose A/A control strays: their ratios are not precise enough to judge."""
+    warnings_ = []
+    for mode in MODES:
+        samples = results.get((AA_CONTROL, mode))
+        if samples is not None and abs(samples.quiet_ratio - 1) > AA_TOLERANCE:
+            warnings_.append(f"Warning: in {MODE_TITLES[mode]} mode the A/A control reads {samples.quiet_ratio:.3f}×, "
+                             f"more than {AA_TOLERANCE:.0%} off: this machine is too busy to judge these ratios to "
+                             "the targets' precision. Rerun on an idle machine, or with more --repeats.")
+    return warnings_
+
+
+def describe_machine() -> str:
+    """One line for the README: CPU, cores, Python and torch versions."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread")
+
+
+# --------------------------------------------------------------------------- profiling
+def profile(work: Workload, contender: Contender, mode: str, top: int = 25) -> str:
+    """cProfile of one run of `contender` and of the hand loop: calls per step and the top functions.
+
+    cProfile inflates every Python call, so read it for *where* time goes and how many calls a
+    step makes, and read the timed table for how much.
+    """
+    out = io.StringIO()
+    calls = {}
+    for name, run in (("hand loop", run_hand), (contender.name, contender.run)):
+        run(work, mode)  # warm
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run(work, mode)
+        profiler.disable()
+        stats = pstats.Stats(profiler, stream=out)
+        calls[name] = stats.total_calls / work.steps
+        if run is contender.run:
+            out.write(f"\n=== {contender.name} ({MODE_TITLES[mode]}): top {top} by own time\n")
+            stats.sort_stats("tottime").print_stats(top)
+            out.write("\n=== fittrain's and the callbacks' own functions, by cumulative time\n")
+            stats.sort_stats("cumtime").print_stats(r"fittrain|callbacks", top)
+    summary = ", ".join(f"{name}: {n:.1f}" for name, n in calls.items())
+    return f"Python function calls per step — {summary}\n" + out.getvalue()
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=501,
+                        help="optimizer steps per run (default 501: 500 timed intervals, one checkpoint)")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 101 steps, 2 rounds")
+    parser.add_argument("--only", default=None, help="run only the loops whose name contains this text")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="cProfile the first loop whose name contains NAME instead of timing")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: perf_counter (default); cpu: this process's CPU time, steadier on a busy "
+                             "shared machine (it still counts the process's own threads, such as TensorBoard's)")
+    parser.add_argument("--mode", choices=MODES, default="prebuilt", help="batch mode for --profile")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 101, 2
+    if args.steps < 2 or args.repeats < 1:
+        parser.error(f"--steps must be at least 2 and --repeats positive. "
+                     f"Received: steps={args.steps}, repeats={args.repeats}.")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """Runs the benchmark (or one profile) and prints, and returns, its report."""
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # one thread: overhead, not intra-op parallelism, is what is measured
+    warnings.filterwarnings("ignore")  # e.g. TensorBoard deprecation chatter in the Logger rows
+    contenders, notes = available(CONTENDERS, args.profile or args.only)
+    work = make_workload(args.steps, time.perf_counter if args.clock == "wall" else time.process_time)
+    if args.profile:
+        if not any(c.name != AA_CONTROL for c in contenders):
+            raise SystemExit(f"--profile {args.profile!r} matches no runnable loop. {' '.join(notes)}")
+        report = profile(work, next(c for c in contenders if c.name != AA_CONTROL), args.mode)
+        print(report)
+        return report
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"overhead: {len(contenders)} loops × {len(MODES)} modes, {args.steps} steps, {args.repeats} rounds")
+    warm_up(work, contenders)
+    measured = measure(work, contenders, args.repeats, log)
+    lines = [f"Per-step time, tiny MLP {IN_FEATURES}→{HIDDEN}→{HIDDEN}→{OUT_FEATURES}, batch {BATCH_SIZE}, "
+             f"SGD+momentum, CPU, {args.steps} steps per run, {args.repeats} alternating rounds, {args.clock} clock.",
+             f"Machine: {describe_machine()}.", "", format_table(measured, contenders), "",
+             "µs/step: for each step position the fastest of the runs, averaged over the steps (interference is "
+             "removed, work that every run repeats at that step is kept); × hand: that over the same for the hand "
+             "runs just before. Median of pairs: each run's mean step over the mean of the hand runs just before "
+             "and after it (noisier). Fixed: one run's setup and teardown outside the timed steps.", _noise(measured)]
+    lines += control_warning(measured.results)
+    lines += [f"Note: {note}." for note in notes]
+    report = "\n".join(lines)
+    print(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
