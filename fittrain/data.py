@@ -231,6 +231,7 @@ class DataLoaderShard:
         self._inner = self._build_inner(loader)
         # Moving a batch costs a recursive walk; on the CPU the batch is already where it belongs.
         self._moves_batches = device is not None and device.type != "cpu"
+        self._fetches_directly = loader.num_workers == 0 and not loader.pin_memory
         self._non_blocking = bool(loader.pin_memory)
 
     def _build_inner(self, loader: DataLoader) -> DataLoader:
@@ -284,11 +285,8 @@ class DataLoaderShard:
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on, without loading the skipped batches."""
         total = len(self.batch_sampler)
-        # The worker base seed comes from our own generator, not the global RNG, so creating the
-        # iterator leaves the global stream exactly where a resumed run restored it.
-        self._generator.manual_seed(_mix(self.position.seed, self.position.epoch, -1))
         self.batch_sampler.skip = skip
-        iterator = iter(self._inner)
+        iterator = self._fetch() if self._fetches_directly else self._start_inner()
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = self.batch_sampler.padded_remainder()
         for index in range(skip, total):
@@ -301,6 +299,20 @@ class DataLoaderShard:
         # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = 0
+
+    def _start_inner(self) -> Iterator[Any]:
+        # The worker base seed comes from our own generator, not the global RNG, so creating the
+        # iterator leaves the global stream exactly where a resumed run restored it.
+        self._generator.manual_seed(_mix(self.position.seed, self.position.epoch, -1))
+        return iter(self._inner)
+
+    def _fetch(self) -> Iterator[Any]:
+        """Loads batches in this process as torch's single-process fetcher does, without its
+        per-batch profiler and iterator layers, which cost more than the rest of our loop."""
+        dataset, collate = self.base_loader.dataset, self.base_loader.collate_fn
+        getitems = getattr(dataset, "__getitems__", None)
+        for indices in self.batch_sampler:
+            yield collate(getitems(indices) if getitems else [dataset[i] for i in indices])
 
     def state_dict(self) -> dict[str, int]:
         """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""

@@ -51,10 +51,12 @@ class FullPrecision:
     """Precision "no": every method is a no-op or a plain call."""
 
     name = "no"
+    # nullcontext is reusable and stateless: one instance serves every step.
+    _NO_AUTOCAST = contextlib.nullcontext()
 
     def autocast(self) -> ContextManager[None]:
         """A context in which eligible ops run in lower precision; here, nothing changes."""
-        return contextlib.nullcontext()
+        return self._NO_AUTOCAST
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Makes `model.forward` autocast; full precision leaves it alone so it costs nothing."""

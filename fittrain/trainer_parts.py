@@ -52,6 +52,8 @@ def extract_loss(output: Any) -> torch.Tensor | None:
         TypeError: for a return that is neither a tensor, a dict nor None.
         ValueError: for a non-scalar loss or a dict without "loss".
     """
+    if type(output) is torch.Tensor and output.ndim == 0:
+        return output  # the common case first: this runs every step
     if output is None:
         return None
     if isinstance(output, dict):
@@ -135,7 +137,7 @@ class LazyMetrics(dict):
         """Converts pending tensors (one device sync each, once) and returns plain floats."""
         for name, value in self.items():
             if isinstance(value, torch.Tensor):
-                self[name] = float(value.float().mean().item())
+                self[name] = float(value.item() if value.numel() == 1 else value.float().mean().item())
         return {name: float(value) for name, value in self.items()}
 
 
