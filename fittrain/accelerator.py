@@ -21,7 +21,7 @@ import gc
 import os
 import pathlib
 import warnings
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import Any, ContextManager, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -234,9 +234,9 @@ class Accelerator:
     def _prepare_model(self, model: nn.Module, rebinding: dict[int, nn.Parameter]) -> nn.Module:
         if self.device_placement:
             model = model.to(self.device)
-        before = parallel.parameter_slots(model)
+        before = list(model.named_parameters())
         wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes)
-        after = dict(parallel.parameter_slots(parallel.unwrap(wrapped)))
+        after = dict(parallel.unwrap(wrapped).named_parameters())
         # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
         rebinding.update({id(p): after[name] for name, p in before if name in after and after[name] is not p})
         self.precision.wrap_forward(wrapped)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, get_worker_info
 
 from .sync import GradientState
 

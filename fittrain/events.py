@@ -173,7 +173,3 @@ class EventDispatcher:
                 hook(trainer, exception)
             except Exception as inner:  # the original exception is the one users must see
                 exception.add_note(f"{type(callback).__name__}.on_exception also raised: {inner!r}")
-
-    def listens(self, event: str) -> bool:
-        """Whether any callback overrides `event`."""
-        return bool(self._hooks[event])

@@ -310,8 +310,3 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Par
         )
     for group in optimizer.param_groups:
         group["params"] = [mapping.get(id(p), p) for p in group["params"]]
-
-
-def parameter_slots(model: nn.Module) -> Iterable[tuple[str, nn.Parameter]]:
-    """(name, parameter) pairs, used to map parameters before and after sharding."""
-    return list(model.named_parameters())

@@ -37,7 +37,7 @@ class AutocastForward:
     It replaces `model.forward` on the instance; `original` restores it.
     """
 
-    def __init__(self, original: Callable[..., Any], precision: "Precision") -> None:
+    def __init__(self, original: Callable[..., Any], precision: "FullPrecision") -> None:
         self.original = original
         self._precision = precision
 
@@ -129,8 +129,6 @@ class ScaledPrecision(AutocastPrecision):
         if state:
             self.scaler.load_state_dict(state)
 
-
-Precision = FullPrecision
 
 
 def check_precision(value: Any, argument: str = "mixed_precision") -> str:
