@@ -5,15 +5,13 @@ any Python a framework adds per step shows in the ratio. Every loop trains the s
 initial weights) on the same data for the same number of optimizer steps, in two modes:
 
 - **DataLoader**: a real `DataLoader` over a `TensorDataset` builds each batch (index + collate).
-- **pre-built**: batches are collated once, before timing. The hand loop and the Accelerator loop
-  iterate a plain Python list of them (nothing is prepared). `Trainer.fit` accepts only a
-  DataLoader, so it gets the cheapest one that yields the same ready batches: a dataset whose
-  `__getitems__` returns a whole pre-built batch, and an identity `collate_fn`. What that loader
-  costs over the list is torch's DataLoader machinery; the row "hand loop, Trainer's pre-built
-  loader" shows it alone, so the Trainer's own share is visible.
+- **pre-built**: batches are collated once, before timing, and every loop iterates the same
+  Python list of them: the hand loop and the Accelerator loop directly (nothing is prepared),
+  `Trainer.fit` and Lightning through their support for a plain list of batches, Ignite through
+  its support for any iterable.
 
 What is timed: every loop's batch source ticks a clock when it hands out a batch (the collate
-function, `__getitems__`, or the list iterator: the same code in every loop), so the intervals
+function or the list iterator: the same code in every loop), so the intervals
 between ticks are whole steps in steady state. They include epoch boundaries and the callbacks'
 periodic work (a Logger write every 50 steps, a checkpoint every 500, hence the default of 501
 steps) and exclude one-off setup and teardown (prepare, opening TensorBoard, closing files),
@@ -63,7 +61,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from fittrain import Accelerator, TrainModule, Trainer
 
@@ -164,32 +162,6 @@ class TimedCollate:
         return default_collate(samples)
 
 
-class PrebuiltBatches(Dataset):
-    """A dataset of `len(batches) * BATCH_SIZE` samples that hands out whole pre-built batches.
-
-    The DataLoader's fetcher calls `__getitems__` once per batch with consecutive indices (no
-    shuffle), so each call is a list lookup, and the identity collate returns the batch as is.
-    """
-
-    def __init__(self, batches: list[Batch], clock: StepClock) -> None:
-        self.batches = batches
-        self.clock = clock
-
-    def __len__(self) -> int:
-        return len(self.batches) * BATCH_SIZE
-
-    def __getitem__(self, index: int) -> Any:
-        raise TypeError("PrebuiltBatches serves whole batches through __getitems__ only.")
-
-    def __getitems__(self, indices: list[int]) -> Batch:
-        self.clock.tick()
-        return self.batches[indices[0] // BATCH_SIZE]
-
-
-def _identity(batch: Any) -> Any:
-    return batch
-
-
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """Everything a run needs, built once so every run starts from identical weights and data."""
@@ -216,12 +188,8 @@ class Workload:
         return DataLoader(self.dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True,
                           collate_fn=TimedCollate(clock))
 
-    def prebuilt_loader(self, clock: StepClock) -> DataLoader:
-        """The cheapest DataLoader over the pre-built batches (see `PrebuiltBatches`)."""
-        return DataLoader(PrebuiltBatches(self.batches, clock), batch_size=BATCH_SIZE, collate_fn=_identity)
-
     def source(self, mode: str, clock: StepClock) -> Iterable[Batch]:
-        """What the hand and Accelerator loops iterate: a real loader, or the list itself."""
+        """What every loop iterates: a real loader, or the list of pre-built batches itself."""
         return self.loader(clock) if mode == "loader" else TimedList(self.batches, clock)
 
 
@@ -288,21 +256,6 @@ def run_hand(work: Workload, mode: str) -> RunResult:
     return _result(clock, start, work)
 
 
-def run_hand_prebuilt_loader(work: Workload, mode: str) -> RunResult:
-    """The hand loop over the loader `Trainer.fit` gets in pre-built mode: torch's own cost."""
-    clock = work.clock()
-    model = work.model()
-    optimizer = model.configure_optimizers()
-    source = work.prebuilt_loader(clock)
-    start = work.now()
-    for x, y in _cycle(source, work.steps):
-        optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-    return _result(clock, start, work)
-
-
 def run_accelerator(work: Workload, mode: str) -> RunResult:
     """fittrain's Accelerator loop, as an Accelerate user writes it (no accumulate())."""
     clock = work.clock()
@@ -330,7 +283,7 @@ def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> 
     try:
         trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project)
         module = work.model()
-        loader = work.loader(clock) if mode == "loader" else work.prebuilt_loader(clock)
+        loader = work.source(mode, clock)
         # The progress bar would flood the table; a real terminal costs more, not less.
         with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
             start = work.now()
@@ -405,7 +358,7 @@ def run_lightning(work: Workload, mode: str) -> RunResult:
     clock = work.clock()
     trainer = L.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    loader = work.loader(clock) if mode == "loader" else work.prebuilt_loader(clock)
+    loader = work.source(mode, clock)
     module = LitMLP()
     start = work.now()
     trainer.fit(module, loader)
@@ -457,7 +410,6 @@ CONTENDERS = (
               target={"loader": 1.10, "prebuilt": 1.10}, needs=("fittrain.callbacks:Logger",)),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY}) + Checkpointer({CHECKPOINT_EVERY})", run_trainer_logger_ckpt,
               needs=("fittrain.callbacks:Logger", "fittrain.callbacks:Checkpointer")),
-    Contender("hand loop, Trainer's pre-built loader", run_hand_prebuilt_loader, modes=("prebuilt",)),
     Contender("HF Accelerate loop", run_hf_accelerate, needs=("accelerate",)),
     Contender("Lightning Trainer", run_lightning, needs=("lightning|pytorch_lightning",)),
     Contender("Ignite supervised trainer", run_ignite, needs=("ignite",)),

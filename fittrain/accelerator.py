@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint, collectives, parallel
 from .checkpoint import ProjectConfiguration, StateParts
-from .data import DataLoaderShard, SkippedDataLoader
+from .batches import BatchesShard
+from .data import DataLoaderShard, PositionedSource, SkippedDataLoader
 from .model_io import save_model_weights
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
@@ -86,7 +87,7 @@ class Accelerator:
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoaderShard] = []
+        self._dataloaders: list[PositionedSource] = []
         self._custom_objects: list[Any] = []
 
     # ----------------------------------------------------------------- facts
@@ -206,16 +207,22 @@ class Accelerator:
                     obj, self.gradient_state, self.step_scheduler_with_optimizer, steps))
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
-                            even_batches: bool | None = None) -> DataLoaderShard:
+    def prepare_data_loader(self, data_loader: DataLoader | Any, device_placement: bool | None = None,
+                            even_batches: bool | None = None) -> PositionedSource:
         """Prepares one DataLoader, optionally overriding this Accelerator's placement and padding.
 
-        Evaluation loops may pass `even_batches=False` so no sample is repeated.
+        Besides a DataLoader it takes a list (or any re-iterable sized sequence) of ready batches,
+        which is iterated as it is: see `fittrain.batches`. Evaluation loops may pass
+        `even_batches=False` so no sample is repeated.
         """
-        if isinstance(data_loader, (DataLoaderShard, SkippedDataLoader)):
+        if isinstance(data_loader, (PositionedSource, SkippedDataLoader)):
             return data_loader
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
+        if not isinstance(data_loader, DataLoader):
+            return self._register(self._dataloaders, BatchesShard(
+                data_loader, self.device if place else None, self.gradient_state, self.num_processes,
+                self.process_index, even))
         shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
                                 self.num_processes, self.process_index, self.split_batches, even)
         # Ranks seeded differently would draw different shuffle seeds and overlap: rank 0's wins.
@@ -479,7 +486,7 @@ class Accelerator:
         """One pass of a prepared loader that starts after `num_batches` batches, loading none of them."""
         if isinstance(dataloader, SkippedDataLoader):
             dataloader = dataloader.loader
-        if not isinstance(dataloader, DataLoaderShard):
+        if not isinstance(dataloader, PositionedSource):
             raise TypeError("skip_first_batches() takes a DataLoader returned by prepare(). "
                             f"Received: {type(dataloader).__name__}. Prepare it first.")
         return SkippedDataLoader(dataloader, num_batches)

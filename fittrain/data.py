@@ -104,6 +104,28 @@ class DataPosition:
     batches_consumed: int = 0
 
 
+class PositionedSource:
+    """What every prepared data source shares: a `DataPosition`, saved and restored by checkpoints."""
+
+    position: DataPosition
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
+        if epoch != self.position.epoch:
+            self.position.epoch, self.position.batches_consumed = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
+        return dataclasses.asdict(self.position)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores the position. It never skips by itself: pass `batches_consumed` to
+        `skip_first_batches` to continue a half-finished epoch."""
+        self.position.seed = int(state["seed"])
+        self.position.epoch = int(state["epoch"])
+        self.position.batches_consumed = int(state["batches_consumed"])
+
+
 class _ShardedBatchSampler:
     """Yields this rank's batches of indices for one epoch, starting after `skip` batches."""
 
@@ -157,13 +179,17 @@ class _ShardedBatchSampler:
         # Capture skip and position now: DataLoader calls iter() eagerly but pulls batches later.
         # `skip` is not reset here: a worker DataLoader calls iter() twice while starting up, and
         # the second call must skip too. `DataLoaderShard.iterate` sets it before every pass.
-        return self._generate(self.skip, self.position.seed, self.position.epoch)
+        return self.generate(self.skip, self.position.seed, self.position.epoch, seeded=True)
 
-    def _generate(self, skip: int, seed: int, epoch: int) -> Iterator[list[int]]:
+    def generate(self, skip: int, seed: int, epoch: int, seeded: bool) -> Iterator[list[int]]:
+        """The index batches of epoch `epoch` from batch `skip` on; `seeded` ones carry the seed a
+        worker reseeds its RNGs with (only workers need it)."""
         indices = self._indices(seed, epoch)
         for k in range(skip, len(self)):
-            batch = _SeededBatch(self._batch(indices, k))
-            batch.seed = _mix(seed, epoch, k)
+            batch = self._batch(indices, k)
+            if seeded:
+                batch = _SeededBatch(batch)
+                batch.seed = _mix(seed, epoch, k)
             yield batch
 
     def padded_remainder(self) -> int:
@@ -184,7 +210,7 @@ def _draw_seed(sampler: Any) -> int:
     return int(torch.randint(0, 2**62, (), generator=generator).item())
 
 
-class DataLoaderShard:
+class DataLoaderShard(PositionedSource):
     """A prepared DataLoader: this rank's batches, on the device, in a resumable order.
 
     Iterating it runs one epoch. A pass that finishes advances `position.epoch`, so the next
@@ -271,11 +297,6 @@ class DataLoaderShard:
         # Scripts written for DDP call `loader.sampler.set_epoch(e)`; route that to us.
         return self
 
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
-        if epoch != self.position.epoch:
-            self.position.epoch, self.position.batches_consumed = epoch, 0
-
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
@@ -286,7 +307,7 @@ class DataLoaderShard:
         """Runs the current epoch from batch `skip` on, without loading the skipped batches."""
         total = len(self.batch_sampler)
         self.batch_sampler.skip = skip
-        iterator = self._fetch() if self._fetches_directly else self._start_inner()
+        iterator = self._fetch(skip) if self._fetches_directly else self._start_inner()
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = self.batch_sampler.padded_remainder()
         for index in range(skip, total):
@@ -306,24 +327,14 @@ class DataLoaderShard:
         self._generator.manual_seed(_mix(self.position.seed, self.position.epoch, -1))
         return iter(self._inner)
 
-    def _fetch(self) -> Iterator[Any]:
+    def _fetch(self, skip: int) -> Iterator[Any]:
         """Loads batches in this process as torch's single-process fetcher does, without its
         per-batch profiler and iterator layers, which cost more than the rest of our loop."""
         dataset, collate = self.base_loader.dataset, self.base_loader.collate_fn
         getitems = getattr(dataset, "__getitems__", None)
-        for indices in self.batch_sampler:
+        position = self.position
+        for indices in self.batch_sampler.generate(skip, position.seed, position.epoch, seeded=False):
             yield collate(getitems(indices) if getitems else [dataset[i] for i in indices])
-
-    def state_dict(self) -> dict[str, int]:
-        """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
-        return dataclasses.asdict(self.position)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restores the position. It never skips by itself: pass `batches_consumed` to
-        `skip_first_batches` to continue a half-finished epoch."""
-        self.position.seed = int(state["seed"])
-        self.position.epoch = int(state["epoch"])
-        self.position.batches_consumed = int(state["batches_consumed"])
 
 
 class SkippedDataLoader:

@@ -10,12 +10,14 @@ import dataclasses
 import io
 import os
 import pathlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from .accelerator import Accelerator
+from .batches import check_batches
 from .checkpoint import CHECKPOINTS_DIR, ProjectConfiguration, latest_checkpoint
 from .events import Callback, EventDispatcher
 from .module import TrainModule
@@ -158,8 +160,11 @@ class Trainer:
     def fit(self, module: TrainModule, train_loader: Any, val_loader: Any = None) -> None:
         """Trains `module` on `train_loader`, validating on `val_loader` when given.
 
+        Each loader is a DataLoader, or a list (any re-iterable sequence with a length) of
+        ready batches, which is iterated as it is, in order, each epoch.
+
         Raises:
-            TypeError: when `module` is not a TrainModule.
+            TypeError: when `module` is not a TrainModule, or a loader is a one-shot iterator.
             ValueError: when `train_loader` is empty.
             FileNotFoundError: when `resume_from` names a missing folder (before any training).
         """
@@ -181,7 +186,10 @@ class Trainer:
     def _run_epoch(self) -> None:
         self.events.fire("on_train_epoch_start", self)
         self.module.train()
-        for batch in self._epoch_batches():
+        # A resumed epoch continues after the batches its checkpoint had consumed.
+        start = self.train_loader.position.batches_consumed
+        for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
+            self.state.batch_idx = index
             self._train_batch(batch)
             if self._steps_done():
                 break
@@ -227,13 +235,6 @@ class Trainer:
         path = self.accelerator.save_state()
         self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
         raise SystemExit(PREEMPTION_EXIT_CODE)
-
-    def _epoch_batches(self) -> Iterator[Any]:
-        # A resumed epoch continues after the batches its checkpoint had consumed.
-        start = self.train_loader.position.batches_consumed
-        for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
-            self.state.batch_idx = index
-            yield batch
 
     def _finished(self) -> bool:
         return self.state.should_stop or self._steps_done() or (
@@ -285,7 +286,8 @@ class Trainer:
     def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: pathlib.Path | None) -> None:
         acc = self.accelerator
         optimizer, scheduler, self._scheduler_per_epoch = split_optimizers(module)
-        self.model, self.optimizer, self.train_loader = acc.prepare(module, optimizer, train_loader)
+        self.model, self.optimizer = acc.prepare(module, optimizer)
+        self.train_loader = acc.prepare_data_loader(train_loader)
         # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._run_step = make_step_runner(self.model, module)
@@ -329,6 +331,9 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"fit() takes a TrainModule. Received: {type(module).__name__}. "
                             "Subclass fittrain.TrainModule and implement training_step and configure_optimizers.")
+        for name, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
+            if loader is not None and not isinstance(loader, DataLoader):
+                check_batches(loader, name)
         if len(train_loader) == 0:
             raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "
                              "Check the dataset's length and the loader's batch_size/drop_last.")

@@ -39,6 +39,20 @@ def test_validation_metrics_average_over_every_sample_on_every_rank(trainer_job)
     assert rank0["metrics"]["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_list_of_batches_is_shared_out_across_ranks(trainer_job, tmp_path):
+    # Rank r takes batches r, r+2, ...: averaged over 2 ranks, that is one process stepping on
+    # each pair of batches concatenated. Validation batches (3 of them) are split unevenly.
+    worker = load_script("trainer_worker")
+    reference = worker.fit_batches(merge=2, project_dir=str(tmp_path))
+    rank0, rank1 = (r["batches"] for r in trainer_job["ranks"])
+    for key in rank0["weights"]:
+        assert torch.equal(rank0["weights"][key], rank1["weights"][key]), f"replicas disagree on {key}"
+    assert_state_close(rank0["weights"], reference["weights"], atol=1e-6)
+    assert rank0["global_step"] == reference["global_step"] == 8
+    assert rank0["metrics"]["val_loss"] == rank1["metrics"]["val_loss"]
+    assert rank0["metrics"]["val_loss"] == pytest.approx(reference["metrics"]["val_loss"], rel=1e-5)
+
+
 def test_checkpoint_has_one_rng_file_per_rank_and_weights_once(trainer_job):
     folder = trainer_job["out"] / "checkpoints" / "checkpoint_0"
     names = sorted(p.name for p in folder.iterdir())

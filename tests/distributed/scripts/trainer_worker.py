@@ -1,6 +1,7 @@
 """One process of a 2-process Trainer.fit job: `trainer_worker.py --out DIR`.
 
-Saves, per rank, the final weights, the validation metrics and the trainer state to DIR/rank{r}.pt.
+Saves, per rank, the final weights, the validation metrics and the trainer state to DIR/rank{r}.pt,
+for a run on a DataLoader and (under "batches") one on a plain list of ready batches.
 The same function runs in the test process with one process and twice the batch, as reference.
 """
 
@@ -59,9 +60,25 @@ def fit(batch_size: int, project_dir: str) -> dict[str, Any]:
             "rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes}
 
 
+def fit_batches(merge: int, project_dir: str) -> dict[str, Any]:
+    """Two epochs with accumulation 2 over a list of ready batches of 4 samples, `merge` of them
+    concatenated into one, and validation on a list of 3 batches of the 10 validation samples."""
+    torch.manual_seed(0)
+    module = Net()
+    x, y = data(64, 1).tensors
+    small = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 64, 4)]
+    batches = [tuple(torch.cat(parts) for parts in zip(*small[i:i + merge])) for i in range(0, len(small), merge)]
+    vx, vy = data(10, 2).tensors
+    trainer = Trainer(max_epochs=2, gradient_accumulation_steps=2, project_dir=project_dir)
+    trainer.fit(module, batches, [(vx[i:i + 4], vy[i:i + 4]) for i in range(0, 10, 4)])
+    return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
+            "metrics": trainer.state.metrics, "global_step": trainer.state.global_step}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     result = fit(batch_size=4, project_dir=args.out)
+    result["batches"] = fit_batches(merge=1, project_dir=str(pathlib.Path(args.out) / "batches"))
     torch.save(result, pathlib.Path(args.out) / f"rank{result['rank']}.pt")

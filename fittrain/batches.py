@@ -1,0 +1,100 @@
+"""Pre-built batches as a prepared data source: a list (or other sized iterable) of ready batches.
+
+Users who build their batches once, or stream them from their own code, should not have to
+wrap them in a DataLoader to train: a DataLoader over ready batches only adds its own per-batch
+cost. A `BatchesShard` iterates the batches as they are, in order, and tracks the same position
+as a prepared DataLoader, so checkpoints and exact resume work unchanged (skipping on resume
+walks past the first batches without touching them).
+
+With several processes each rank takes every `num_processes`-th batch (rank r: batches r, r+N,
+...), the same whole-batch interleaving a prepared DataLoader uses. With `even_batches=True` the
+last round is completed with batches from the start, so every rank takes the same number of steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import torch
+
+from .data import DataPosition, PositionedSource, send_to_device
+from .sync import GradientState
+
+
+def check_batches(batches: Any, name: str) -> None:
+    """Raises a clear error unless `batches` can be iterated once per epoch and has a length.
+
+    Raises:
+        TypeError: for a one-shot iterator (such as a generator) or an object without `len()`.
+    """
+    if iter(batches) is batches:
+        raise TypeError(
+            f"`{name}` must be a DataLoader or a re-iterable sequence of batches with a length, such as a list. "
+            f"Received a one-shot iterator ({type(batches).__name__}), which would run out after one epoch and "
+            f"cannot be resumed. Pass list(...) of the batches, or a DataLoader.")
+    try:
+        len(batches)
+    except TypeError:
+        raise TypeError(
+            f"`{name}` must be a DataLoader or a sequence of batches with a length, such as a list. Received: "
+            f"{type(batches).__name__}, which has no len(). Pass list(...) of the batches, or a DataLoader.") from None
+
+
+class BatchesShard(PositionedSource):
+    """This rank's share of a sequence of ready batches, on the device, with a resumable position.
+
+    Args:
+        batches: A list, tuple, or any sized iterable that can be iterated again each epoch.
+        device: Where batches go, or None to leave them where they are.
+        gradient_state: The owning Accelerator's accumulation state (`end_of_dataloader`).
+        num_processes: World size.
+        process_index: This rank.
+        even_batches: Complete the last round with batches from the start so ranks stay in step.
+    """
+
+    def __init__(self, batches: Any, device: torch.device | None, gradient_state: GradientState,
+                 num_processes: int = 1, process_index: int = 0, even_batches: bool = True) -> None:
+        check_batches(batches, "batches")
+        self.base_loader = batches
+        self.device = device
+        self.gradient_state = gradient_state
+        self.num_processes, self.process_index, self.even_batches = num_processes, process_index, even_batches
+        self.position = DataPosition()
+        # On the CPU a batch is already where it belongs: skip the recursive walk.
+        self._moves_batches = device is not None and device.type != "cpu"
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch on this rank."""
+        rounds, rest = divmod(len(self.base_loader), self.num_processes)
+        if rest == 0:
+            return rounds
+        return rounds + 1 if (self.even_batches or self.process_index < rest) else rounds
+
+    def _rank_batches(self) -> Iterator[Any]:
+        if self.num_processes == 1:
+            return iter(self.base_loader)
+        mine = itertools.islice(self.base_loader, self.process_index, None, self.num_processes)
+        rest = len(self.base_loader) % self.num_processes
+        if not (self.even_batches and rest and self.process_index >= rest):
+            return mine
+        # This rank has no batch in the last round: borrow one from the start of the epoch.
+        padding = itertools.islice(self.base_loader, self.process_index - rest, self.process_index - rest + 1)
+        return itertools.chain(mine, padding)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterate(skip=0)
+
+    def iterate(self, skip: int) -> Iterator[Any]:
+        """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
+        total = len(self)
+        state = self.gradient_state
+        state.end_of_dataloader, state.remainder = False, 0
+        last = total - 1
+        for index, batch in enumerate(itertools.islice(self._rank_batches(), skip, total), start=skip):
+            self.position.batches_consumed = index + 1
+            state.end_of_dataloader = index == last
+            yield send_to_device(batch, self.device) if self._moves_batches else batch
+        self.position.epoch += 1
+        self.position.batches_consumed = 0
+        state.end_of_dataloader = False
