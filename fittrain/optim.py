@@ -78,11 +78,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Steps at the end of an accumulation window; records whether fp16 skipped the step."""
         if not self.gradient_state.sync_gradients:
             return
-        if closure is not None:
-            self.optimizer.step(closure)
-            self.gradient_state.step_was_skipped = False
-            return
-        self.gradient_state.step_was_skipped = not self.precision.step(self.optimizer)
+        self.gradient_state.step_was_skipped = not self.precision.step(self.optimizer, closure)
 
     @property
     def step_was_skipped(self) -> bool:

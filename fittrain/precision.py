@@ -68,9 +68,13 @@ class FullPrecision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides the gradients of `optimizer` by the loss scale, once per step."""
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Steps `optimizer`; returns False when the step was skipped for inf/NaN gradients."""
-        optimizer.step()
+    def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
+        """Steps `optimizer` (with `closure`, as `Optimizer.step` takes it); returns False when the
+        step was skipped for inf/NaN gradients."""
+        if closure is None:
+            optimizer.step()
+        else:
+            optimizer.step(closure)
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -114,7 +118,15 @@ class ScaledPrecision(AutocastPrecision):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
+        if closure is not None:
+            # A closure recomputes the loss unscaled and steps past the scaler: the update would use
+            # scaled gradients. GradScaler has no closure support either, so refuse it plainly.
+            raise ValueError(
+                "optimizer.step(closure) is not supported with mixed_precision='fp16': the loss scaler cannot "
+                f"scale what the closure computes. Received: closure={closure!r}. Call backward on the scaled "
+                "loss and step without a closure, or use bf16 or full precision for closure-based optimizers "
+                "such as LBFGS.")
         scale_before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()

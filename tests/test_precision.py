@@ -260,3 +260,53 @@ def test_unknown_precision_names_the_argument_and_value(value):
     with pytest.raises(ValueError) as info:
         Accelerator(cpu=True, mixed_precision=value)
     assert "mixed_precision" in str(info.value) and repr(value) in str(info.value)
+
+
+# ------------------------------------------------------------------ closures
+def lbfgs_run(accelerator: Accelerator) -> list[torch.Tensor]:
+    """Three LBFGS steps (which need a closure) on a fixed regression problem."""
+    model = make_model()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = inputs()
+    y = x.sum(1, keepdim=True)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        return loss
+
+    for _ in range(3):
+        optimizer.step(closure)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_closure_step_matches_plain_lbfgs_without_fp16():
+    model = make_model()
+    plain = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    x = inputs()
+    y = x.sum(1, keepdim=True)
+
+    def closure() -> torch.Tensor:
+        plain.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        plain.step(closure)
+    for mode in ("no", "bf16"):
+        got = lbfgs_run(Accelerator(cpu=True, mixed_precision=mode))
+        expected = [p.detach() for p in model.parameters()]
+        if mode == "no":
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        else:  # the forward runs in bf16: close, not equal
+            assert all(torch.allclose(a, b, atol=0.1) for a, b in zip(got, expected))
+
+
+def test_closure_step_under_fp16_is_refused_with_the_fix():
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    with pytest.raises(ValueError, match=r"optimizer.step\(closure\) is not supported with mixed_precision='fp16'"
+                       r".*Received: closure=.*use bf16 or full precision"):
+        lbfgs_run(accelerator)
