@@ -20,7 +20,13 @@ parameters plus two moments, about 300 MB. Every contender writes or reads those
   ``.pt`` files (except on Windows): tensors are mapped, copy-on-write, and read on first use.
 
 Runs alternate (contenders in rotated order each round, round 0 a discarded warm-up) and the
-table shows each contender's median and save_state's ratio to it. Files are written to a
+table shows each contender's median and save_state's ratio to it.
+
+A second part measures **save_state(async_save=True)**: the training stall (the time until the
+call returns: the state is copied to CPU memory and a thread starts writing) against a
+synchronous save_state of the same state, alternating, against the target "stall ≤ 25% of a
+synchronous save". It also reports how long the background write took to finish after the call
+returned; here nothing else runs meanwhile, while in training the write shares the CPU with it. Files are written to a
 temporary folder on the same file system as `--dir` and deleted after each round. On a shared,
 noisy machine use several rounds and read the ratios, not single timings.
 
@@ -28,6 +34,7 @@ Usage:
     python -m benchmarks.checkpoint                   # ~300 MB, 5 rounds
     python -m benchmarks.checkpoint --mb 100 --repeats 3
     python -m benchmarks.checkpoint --profile         # cProfile one save_state and one load_state
+    python -m benchmarks.checkpoint --async-only      # only the async_save stall
 """
 
 from __future__ import annotations
@@ -197,6 +204,52 @@ def report(times: dict[str, dict[str, list[float]]], megabytes: float) -> None:
           f"load {ours['load'] / base['load']:.2f}x.")
 
 
+def run_async(contenders: Contenders, root: pathlib.Path, repeats: int) -> dict[str, list[float]]:
+    """Alternates a sync save_state and save_state(async_save=True); round 0 is a warm-up.
+
+    Returns:
+        {"sync": save_state seconds, "stall": seconds until save_state(async_save=True) returned,
+         "background": seconds from that return until the write was complete, "first stall": the
+         warm-up's stall, when the CPU buffers that later saves reuse were allocated}.
+    """
+    times: dict[str, list[float]] = {"sync": [], "stall": [], "background": [], "first stall": []}
+    for round_index in range(repeats + 1):
+        for kind in (("sync", "async") if round_index % 2 else ("async", "sync")):
+            folder = root / f"a{round_index}_{kind}"
+            start = time.perf_counter()
+            contenders.acc.save_state(folder, async_save=kind == "async")
+            returned = time.perf_counter()
+            contenders.acc.wait_for_checkpoint()
+            done = time.perf_counter()
+            shutil.rmtree(folder)
+            if not round_index:
+                if kind == "async":
+                    times["first stall"].append(returned - start)
+                continue
+            if kind == "sync":
+                times["sync"].append(returned - start)
+            else:
+                times["stall"].append(returned - start)
+                times["background"].append(done - returned)
+    return times
+
+
+def report_async(times: dict[str, list[float]], megabytes: float) -> None:
+    sync, stall, background = (statistics.median(times[k]) for k in ("sync", "stall", "background"))
+    print(f"\nsave_state(async_save=True), {megabytes:.0f} MB, medians of {len(times['sync'])} alternating rounds:")
+    print(f"  synchronous save_state                  {sync:8.3f} s")
+    print(f"  async: stall until the call returns     {stall:8.3f} s   (stalls: "
+          f"{', '.join(f'{t:.3f}' for t in times['stall'])})")
+    print(f"  async: background write after return    {background:8.3f} s   (call to complete: "
+          f"{stall + background:.3f} s, {(stall + background) / sync:.2f}x a synchronous save)")
+    print(f"  async: stall of the first async save    {times['first stall'][0]:8.3f} s   (it allocates the "
+          "CPU buffers that later saves reuse)")
+    ratio = stall / sync
+    print(f"\nTarget stall ≤ 25% of a synchronous save: {ratio:.0%} "
+          f"({'met' if ratio <= 0.25 else 'not met'}). Memory: one CPU copy of the state "
+          f"({megabytes:.0f} MB), kept from the first async save on.")
+
+
 def profile(contenders: Contenders, root: pathlib.Path) -> None:
     for op in ("save", "load"):
         folder = root / "profiled"
@@ -219,6 +272,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
     parser.add_argument("--profile", action="store_true", help="cProfile one save_state and one load_state")
+    parser.add_argument("--async-only", action="store_true", help="measure only the async_save stall")
     args = parser.parse_args()
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     accelerator, model, optimizer = build(args.mb)
@@ -229,7 +283,9 @@ def main() -> None:
         if args.profile:
             profile(contenders, root)
             return
-        report(run(contenders, root, args.repeats), megabytes)
+        if not args.async_only:
+            report(run(contenders, root, args.repeats), megabytes)
+        report_async(run_async(contenders, root, args.repeats), megabytes)
 
 
 if __name__ == "__main__":

@@ -27,28 +27,42 @@ class Checkpointer(Callback):
     nothing is ever overwritten. Every process takes part in a save (it is collective); only the
     main process writes shared files. A step is saved at most once, even when both triggers fire.
 
+    With `async_save=True` a save copies the state to CPU memory and returns; the files are
+    written on a background thread while training goes on, and the folder appears when they are
+    complete. The next save, a preemption save, the end of fit and an exception wait for it.
+
     Args:
         every_n_steps: Save after every n-th optimizer step (accumulated batches count once).
         every_n_epochs: Save at the end of every n-th epoch, after its validation.
         total_limit: Keep only the newest this many checkpoints. None keeps the Accelerator's
             setting (unlimited unless configured).
+        async_save: Write checkpoints on a background thread; training stalls only while the
+            state is copied to CPU memory (a copy that is kept for the next save). See
+            `Accelerator.save_state`.
 
     Raises:
         ValueError: when neither trigger is given, or for a value that is not a positive integer.
+        TypeError: when `async_save` is not a bool.
 
     Example:
         >>> Trainer(callbacks=[Checkpointer(every_n_epochs=1, total_limit=3)]).fit(module, loader)
         >>> Trainer(resume_from="latest").fit(module, loader)  # continues with the next number
+        >>> Checkpointer(every_n_steps=500, async_save=True)  # training goes on while it writes
     """
 
     def __init__(self, every_n_steps: int | None = None, every_n_epochs: int | None = None,
-                 total_limit: int | None = None) -> None:
+                 total_limit: int | None = None, async_save: bool = False) -> None:
         self.every_n_steps = _check_count("every_n_steps", every_n_steps)
         self.every_n_epochs = _check_count("every_n_epochs", every_n_epochs)
         self.total_limit = _check_count("total_limit", total_limit)
         if every_n_steps is None and every_n_epochs is None:
             raise ValueError("`Checkpointer` needs a trigger: pass every_n_steps=... and/or every_n_epochs=... "
                              "Received: every_n_steps=None, every_n_epochs=None.")
+        if not isinstance(async_save, bool):
+            raise TypeError(f"`Checkpointer(async_save=...)` must be True or False. Received: "
+                            f"async_save={async_save!r} (type {type(async_save).__name__}). "
+                            "Pass async_save=True to write checkpoints in the background.")
+        self.async_save = async_save
         self.last_checkpoint: str | None = None
         self._seen_step = 0
         self._last_saved_step: int | None = None
@@ -88,7 +102,21 @@ class Checkpointer(Callback):
             return
         # Set before saving: this callback's state is written into the checkpoint being made.
         self._last_saved_step = step
-        self.last_checkpoint = trainer.accelerator.save_state()
+        self.last_checkpoint = trainer.accelerator.save_state(async_save=self.async_save)
+
+    def on_fit_end(self, trainer: "Trainer") -> None:
+        """Waits for a checkpoint still being written: after fit, every save is on disk."""
+        trainer.accelerator.wait_for_checkpoint()
+
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        """Waits for a checkpoint still being written, so it is complete before the process may exit.
+
+        A failure of that write is added to `exception` as a note; the original stays the error raised.
+        """
+        try:
+            trainer.accelerator.wait_for_checkpoint()
+        except Exception as err:
+            exception.add_note(f"Checkpointer: the checkpoint being written in the background failed too: {err!r}")
 
     def state_dict(self) -> dict[str, Any]:
         """The last saved step, so a resumed run does not save that step again."""
@@ -101,4 +129,4 @@ class Checkpointer(Callback):
 
     def __repr__(self) -> str:
         return (f"Checkpointer(every_n_steps={self.every_n_steps}, every_n_epochs={self.every_n_epochs}, "
-                f"total_limit={self.total_limit})")
+                f"total_limit={self.total_limit}, async_save={self.async_save})")

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import checkpoint, collectives, parallel
+from .async_checkpoint import BackgroundCheckpoints
 from .checkpoint import ProjectConfiguration, StateParts
 from .batches import BatchesShard
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader
@@ -35,7 +36,7 @@ from .model_io import save_model_weights
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
 from .state import DistributedType, ProcessState
-from .storage import CheckpointReader, atomic_checkpoint
+from .storage import CheckpointReader
 from .sync import GradientState
 
 _Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -421,32 +422,63 @@ class Accelerator:
             accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
                                "mixed_precision": self.mixed_precision})
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
+    # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
+    _background_checkpoints: BackgroundCheckpoints | None = None
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
+                   **kwargs: Any) -> str:
         """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects.
 
         The folder is written under a temporary name and renamed when complete, so a crash never
         leaves a folder that looks complete. With automatic naming, `output_dir` is chosen as
         `{project_dir}/checkpoints/checkpoint_{i}` and old ones beyond `total_limit` are deleted.
+        A save still being written in the background is waited for first.
+
+        Args:
+            output_dir: The folder to write; None with automatic naming.
+            async_save: Copy the state to CPU memory and write the files on a background thread,
+                returning as soon as the copy is taken. The folder appears (and pruning happens)
+                when the write is done; `wait_for_checkpoint()` waits for it. The CPU copy is
+                kept for the next async save to reuse. Every process must pass the same value.
 
         Returns:
-            The folder written.
+            The folder written (or being written, with `async_save`).
         """
+        self.wait_for_checkpoint()
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
             target = config.next_checkpoint_dir()
+            config.iteration += 1  # now: a background write must not let the next save reuse the number
         elif output_dir is None:
             raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
                              "automatic_checkpoint_naming=True. Received: output_dir=None.")
         else:
             target = pathlib.Path(output_dir)
-        parts = self._state_parts()
-        with atomic_checkpoint(target, is_main_process=self.is_main_process, barrier=self.wait_for_everyone) as w:
-            checkpoint.write_state(w, parts, self.process_index, self.is_main_process)
-        if config.automatic_checkpoint_naming:
-            config.iteration += 1
-            if self.is_main_process:
-                config.prune()
+        if async_save and self._background_checkpoints is None:
+            self._background_checkpoints = BackgroundCheckpoints(self.state)
+        stage = self._background_checkpoints.stager() if async_save else None
+        # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
+        snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
+        prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
+        if async_save:
+            self._background_checkpoints.start(
+                target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune))
+        else:
+            checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune)
         return os.fspath(target)
+
+    def wait_for_checkpoint(self) -> None:
+        """Blocks until the checkpoint that `save_state(async_save=True)` is writing is complete.
+
+        Returns at once when no write is in flight. `save_state`, `load_state` and `end_training`
+        call it themselves; call it before reading the folder, or before the script exits.
+
+        Raises:
+            Exception: whatever the background write raised, with a note naming the folder; that
+                checkpoint was not saved (earlier ones are intact).
+        """
+        if self._background_checkpoints is not None:
+            self._background_checkpoints.wait()
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
         """Restores everything `save_state` saved. Data loaders get their position back but are not
@@ -462,6 +494,7 @@ class Accelerator:
         Returns:
             The folder loaded.
         """
+        self.wait_for_checkpoint()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
@@ -493,11 +526,15 @@ class Accelerator:
 
     # ----------------------------------------------------------------- teardown
     def free_memory(self, *objects: Any) -> list[None]:
-        """Forgets prepared objects and frees cached device memory.
+        """Forgets prepared objects and frees cached device memory (and the CPU copy that async
+        checkpoints keep, once a write in flight is done).
 
         Returns:
             A list of None, one per object, to rebind the caller's names to.
         """
+        self.wait_for_checkpoint()
+        if self._background_checkpoints is not None:
+            self._background_checkpoints.release_buffers()
         for pool in (self._models, self._optimizers, self._schedulers, self._dataloaders):
             pool.clear()
         self.gradient_state.batches_seen = 0
@@ -509,8 +546,12 @@ class Accelerator:
     clear = free_memory
 
     def end_training(self) -> None:
-        """Leaves the process group so the script can exit cleanly."""
-        self.state.shutdown()
+        """Waits for a checkpoint still being written, then leaves the process group so the script
+        can exit cleanly (also when that write failed, whose error is then raised)."""
+        try:
+            self.wait_for_checkpoint()
+        finally:
+            self.state.shutdown()
 
 
 def _holds_tensors(obj: Any) -> bool:

@@ -11,7 +11,9 @@ Layout of one folder (written atomically through `storage.atomic_checkpoint`):
     accelerator_state.json                        step counter, data positions, world size
     manifest.json                                 every file's size and crc32, written last
 
-Nothing here is ever read by unpickling arbitrary objects.
+A save first captures the state into a `StateSnapshot` of plain data (`capture_state`), then
+writes it (`write_checkpoint`); with copies in the snapshot, the writing can run on a background
+thread (`fittrain.async_checkpoint`). Nothing here is ever read by unpickling arbitrary objects.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .rng import capture_rng_state, restore_rng_state
-from .storage import CheckpointError, CheckpointReader, CheckpointWriter, list_checkpoints
+from .storage import CheckpointError, CheckpointReader, CheckpointWriter, atomic_checkpoint, list_checkpoints
 
 CHECKPOINTS_DIR = "checkpoints"
 PREFIX = "checkpoint_"
@@ -159,24 +161,98 @@ class StateParts:
     accelerator_state: dict[str, Any]
 
 
-def write_state(writer: CheckpointWriter, parts: StateParts, rank: int, is_main_process: bool) -> None:
-    """Writes every file of one checkpoint; shared files from the main process only."""
-    writer.write_torch(f"random_states_{rank}.pt", capture_rng_state())
+@dataclasses.dataclass
+class StateSnapshot:
+    """What one process writes into one checkpoint, captured as plain data.
+
+    Capturing and writing are separate steps so that the writing can happen on a background
+    thread while training goes on: the writer only ever reads this object, never a live one.
+    Off the main process only the RNG states are captured, since only they are written there.
+
+    Attributes:
+        rank: The process's rank; it names the RNG file.
+        is_main_process: Whether this process writes the shared files.
+        rng: This process's RNG states, as `capture_rng_state` returns them.
+        models, optimizers, schedulers, custom: State dicts, one per file, in file order.
+        scaler: The fp16 GradScaler's state; empty without one (no file is written then).
+        meta: The contents of accelerator_state.json, data positions included.
+    """
+
+    rank: int
+    is_main_process: bool
+    rng: dict[str, Any]
+    models: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    optimizers: list[Any] = dataclasses.field(default_factory=list)
+    schedulers: list[Any] = dataclasses.field(default_factory=list)
+    custom: list[Any] = dataclasses.field(default_factory=list)
+    scaler: dict[str, Any] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def capture_state(parts: StateParts, rank: int, is_main_process: bool,
+                  stage: Callable[[Any], Any] | None = None) -> StateSnapshot:
+    """Reads every piece of state one checkpoint holds, RNG first, into a `StateSnapshot`.
+
+    Args:
+        parts: The live objects (with the model and optimizer state dicts already gathered).
+        rank: This process's rank.
+        is_main_process: Whether this process writes the shared files.
+        stage: Copies a state (a tree of containers and tensors) into memory of its own on the
+            CPU, so that training may keep mutating the live tensors in place while the snapshot
+            is written (`async_checkpoint.StagingBuffers.copy`). Without it the snapshot shares
+            the live tensors (no copy, no extra memory) and must be written before training continues.
+
+    Returns:
+        The snapshot, ready for `write_snapshot`.
+    """
+    rng = capture_rng_state()  # fresh tensors: never shared with the live generators
     if not is_main_process:
-        return
-    for i, state_dict in enumerate(parts.model_state_dicts):
-        writer.write_tensors(_indexed("model", i, "safetensors"), state_dict, {"format": "pt"})
-    for i, state in enumerate(parts.optimizer_state_dicts):
-        writer.write_torch(_indexed("optimizer", i, "pt"), state)
-    for i, sched in enumerate(parts.schedulers):
-        writer.write_torch(_indexed("scheduler", i, "pt"), sched.state_dict())
-    for i, obj in enumerate(parts.custom):
-        writer.write_torch(f"custom_checkpoint_{i}.pt", obj.state_dict())
-    scaler = parts.precision.state_dict()
-    if scaler:
-        writer.write_torch("scaler.pt", scaler)
+        return StateSnapshot(rank, False, rng)
+    own = stage or _same
     meta = dict(parts.accelerator_state, dataloaders=[dl.state_dict() for dl in parts.dataloaders])
-    writer.write_json("accelerator_state.json", meta)
+    return StateSnapshot(
+        rank, True, rng,
+        models=[own(state_dict) for state_dict in parts.model_state_dicts],
+        optimizers=[own(state) for state in parts.optimizer_state_dicts],
+        schedulers=[own(sched.state_dict()) for sched in parts.schedulers],
+        custom=[own(obj.state_dict()) for obj in parts.custom],
+        scaler=own(parts.precision.state_dict()), meta=own(meta))
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
+    """Writes every file of one checkpoint from a snapshot; shared files from the main process only."""
+    writer.write_torch(f"random_states_{snapshot.rank}.pt", snapshot.rng)
+    if not snapshot.is_main_process:
+        return
+    for i, state_dict in enumerate(snapshot.models):
+        writer.write_tensors(_indexed("model", i, "safetensors"), state_dict, {"format": "pt"})
+    for i, state in enumerate(snapshot.optimizers):
+        writer.write_torch(_indexed("optimizer", i, "pt"), state)
+    for i, state in enumerate(snapshot.schedulers):
+        writer.write_torch(_indexed("scheduler", i, "pt"), state)
+    for i, state in enumerate(snapshot.custom):
+        writer.write_torch(f"custom_checkpoint_{i}.pt", state)
+    if snapshot.scaler:
+        writer.write_torch("scaler.pt", snapshot.scaler)
+    writer.write_json("accelerator_state.json", snapshot.meta)
+
+
+def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Callable[[], None],
+                     after_commit: Callable[[], None] | None = None) -> None:
+    """Writes a snapshot as a complete checkpoint folder (atomically), then runs `after_commit`.
+
+    Every process calls it with the same `folder`; `barrier` synchronises them (on the thread
+    this runs on). `after_commit`, such as pruning old checkpoints, runs only once the folder is
+    in place, so a failed save never deletes an older checkpoint.
+    """
+    with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier) as writer:
+        write_snapshot(writer, snapshot)
+    if after_commit is not None:
+        after_commit()
 
 
 def _require(reader: CheckpointReader, name: str, what: str) -> None:

@@ -1,14 +1,17 @@
-"""Checkpointer: folder names and numbering, triggers, total_limit, safetensors contents, resume."""
+"""Checkpointer: folder names and numbering, triggers, total_limit, safetensors contents, resume,
+and async_save (background writes waited for at the end of fit and on an exception)."""
 
 from __future__ import annotations
 
 import pathlib
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from fittrain import Accelerator, Callback, Trainer
+from fittrain import checkpoint as fittrain_checkpoint
 from fittrain.callbacks import Checkpointer
 
 
@@ -141,3 +144,70 @@ def test_user_accelerator_gets_automatic_naming(make_module, make_loader, tmp_pa
 def test_bad_arguments(kwargs, received):
     with pytest.raises(ValueError, match=f"Received: {received}"):
         Checkpointer(**kwargs)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_async_save_must_be_a_bool(value):
+    with pytest.raises(TypeError, match=rf"async_save={value!r} \(type {type(value).__name__}\)"):
+        Checkpointer(every_n_steps=1, async_save=value)
+
+
+def test_repr_shows_every_argument():
+    assert repr(Checkpointer(every_n_steps=2, total_limit=3, async_save=True)) == (
+        "Checkpointer(every_n_steps=2, every_n_epochs=None, total_limit=3, async_save=True)")
+
+
+@pytest.fixture
+def slow_writes(monkeypatch):
+    """Every checkpoint write sleeps before its first file, so a background write is still in flight
+    when training goes on."""
+    original = fittrain_checkpoint.write_snapshot
+
+    def slow(writer, snapshot):
+        time.sleep(0.2)
+        original(writer, snapshot)
+
+    monkeypatch.setattr(fittrain_checkpoint, "write_snapshot", slow)
+
+
+def test_async_save_checkpoints_hold_the_weights_of_their_step(make_module, make_loader, tmp_path, slow_writes):
+    checkpointer = Checkpointer(every_n_steps=2, total_limit=3, async_save=True)
+    module, history = _fit(make_module, make_loader, tmp_path, checkpointer)
+    # fit returned, so on_fit_end waited for the last write: every folder is there, the oldest pruned.
+    assert _names(tmp_path) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    for i, step in [(1, 4), (2, 6), (3, 8)]:
+        _assert_same_weights(_load_fresh(make_module, tmp_path, i), history.by_step[step])
+    assert checkpointer.last_checkpoint == str(tmp_path / "checkpoints" / "checkpoint_3")
+
+
+class FailAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer) -> None:
+        if trainer.state.global_step == self.step:
+            raise RuntimeError(f"boom at step {self.step}")
+
+
+def test_an_exception_waits_for_the_write_in_flight(make_module, make_loader, tmp_path, slow_writes):
+    # Saves at step 2 (on_train_batch_end), then the next callback raises in the same event.
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2,
+                      callbacks=[Checkpointer(every_n_steps=2, async_save=True), FailAtStep(2)])
+    with pytest.raises(RuntimeError, match="boom at step 2"):
+        trainer.fit(make_module(), make_loader())
+    assert _names(tmp_path) == ["checkpoint_0"]  # complete before the error left fit
+
+
+def test_a_failed_write_is_noted_on_the_original_exception(make_module, make_loader, tmp_path, monkeypatch):
+    def failing(writer, snapshot):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fittrain_checkpoint, "write_snapshot", failing)
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2,
+                      callbacks=[Checkpointer(every_n_steps=2, async_save=True), FailAtStep(2)])
+    with pytest.raises(RuntimeError, match="boom at step 2") as caught:
+        trainer.fit(make_module(), make_loader())
+    notes = "\n".join(caught.value.__notes__)
+    assert "Checkpointer" in notes and "No space left on device" in notes
+    assert _names(tmp_path) == []

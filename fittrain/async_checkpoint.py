@@ -1,0 +1,207 @@
+"""Checkpoint folders written on a background thread while training goes on.
+
+`Accelerator.save_state(async_save=True)` captures the state on the calling thread
+(`checkpoint.capture_state`, after any collective such as FSDP's gathering), copying every tensor
+into `StagingBuffers` on the CPU, then hands the writing to a `PendingCheckpoint` and returns.
+The folder is still written through `storage.atomic_checkpoint`, so it appears under its name
+only when complete; until then, or after a crash, there is at most a hidden
+`.checkpoint_N.tmp` folder that nothing loads.
+
+`BackgroundCheckpoints` keeps at most one write in flight per Accelerator: the next save, a
+load, `end_training` and `wait_for_checkpoint` wait for it and re-raise its error.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from copy import copy as shallow_copy, deepcopy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .state import ProcessState, collective_timeout
+
+
+def _no_barrier() -> None:
+    """Does nothing: the barrier of a single process."""
+
+
+class PendingCheckpoint:
+    """One checkpoint folder being written on a background thread.
+
+    The thread starts at once. Whatever it raises is kept and re-raised by `wait`, in the
+    thread that waits, with a note naming the folder.
+
+    Args:
+        folder: The checkpoint folder being written (named in the error note).
+        write: Writes and commits the folder; it runs on the thread.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], write: Callable[[], None]) -> None:
+        self.folder = pathlib.Path(folder)
+        self.error: BaseException | None = None
+        # A daemon thread: a main thread that dies (an unhandled error, a signal) must let the
+        # process exit, not keep it alive on a write whose peers may be gone and whose barrier
+        # would then wait out the collective timeout. Such a write leaves only the `.tmp` folder.
+        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True,
+                                        name=f"fittrain-checkpoint-{self.folder.name}")
+        self._thread.start()
+
+    def _run(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except BaseException as err:  # re-raised by wait() in the thread that waits
+            self.error = err
+
+    @property
+    def done(self) -> bool:
+        """Whether the write has ended, successfully or not."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Blocks until the write has ended; re-raises its error, once.
+
+        Raises:
+            BaseException: whatever the write raised, with a note naming the folder.
+        """
+        self._thread.join()
+        error, self.error = self.error, None
+        if error is not None:
+            error.add_note(f"Raised by the background checkpoint write to {self.folder}: that checkpoint "
+                           "was not saved (at most its hidden .tmp folder is left). Earlier ones are intact.")
+            raise error
+
+
+class StagingBuffers:
+    """CPU tensors that receive a snapshot's copies, reused by the next snapshot.
+
+    The first write into freshly allocated memory costs a page fault per page, which for a large
+    state is most of the copy's time (and pinned memory, which makes copies from a GPU fast, is
+    slow to allocate). So the tensors of the previous snapshot, whose write is complete by the
+    time the next one is taken, are reused in the order they were taken, when shape, dtype and
+    strides agree. They stay allocated between saves: one CPU copy of the state.
+    """
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+        self._taken: list[torch.Tensor] = []
+
+    def reset(self) -> None:
+        """Starts a snapshot. The caller guarantees that no write reads the buffers any more."""
+        self._free, self._taken = self._taken, []
+
+    def copy(self, obj: Any) -> Any:
+        """A copy of a state that shares nothing mutable with it; its tensors live in the buffers.
+
+        Containers keep their type (an OrderedDict stays one), so `torch.save` writes the same
+        bytes as for the original. Copies from a GPU have landed when this returns.
+        """
+        devices: set[torch.device] = set()
+        result = self._copy_tree(obj, devices)
+        for device in devices:
+            torch.cuda.synchronize(device)  # the writing thread reads the buffers next
+        return result
+
+    def _copy_tree(self, obj: Any, devices: set[torch.device]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._copy_tensor(obj.detach(), devices)
+        if isinstance(obj, dict):
+            items = [(key, self._copy_tree(value, devices)) for key, value in obj.items()]
+            if type(obj) is dict:
+                return dict(items)
+            result = shallow_copy(obj)  # keeps a subclass's extras, such as a defaultdict's factory
+            for key, value in items:  # the same keys, so the order stays
+                result[key] = value
+            return result
+        if isinstance(obj, list):
+            return [self._copy_tree(value, devices) for value in obj]
+        if isinstance(obj, tuple):
+            values = [self._copy_tree(value, devices) for value in obj]
+            return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
+        if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+            return obj  # immutable
+        return deepcopy(obj)
+
+    def _copy_tensor(self, tensor: torch.Tensor, devices: set[torch.device]) -> torch.Tensor:
+        index = len(self._taken)
+        buffer = self._free[index] if index < len(self._free) else None
+        if buffer is None or (buffer.shape, buffer.dtype, buffer.stride()) != (
+                tensor.shape, tensor.dtype, tensor.stride()):
+            buffer = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        if tensor.is_cuda:
+            devices.add(tensor.device)
+        self._taken.append(buffer)
+        return buffer
+
+
+class BackgroundCheckpoints:
+    """An Accelerator's background checkpoint writes: at most one in flight at a time.
+
+    Under several processes the writing threads synchronise on a gloo group of their own, made
+    at the first background save. Collectives on the default group, which the main thread keeps
+    running (gradient all-reduces, the next save's gathering), are not safe to interleave with
+    collectives issued from another thread on the same group.
+
+    Args:
+        state: The processes of the run.
+    """
+
+    def __init__(self, state: ProcessState) -> None:
+        self._state = state
+        self._group: Any = None
+        self._pending: PendingCheckpoint | None = None
+        self._buffers = StagingBuffers()
+
+    def stager(self) -> Callable[[Any], Any]:
+        """Waits for the write in flight, then returns the copy function for the next snapshot.
+
+        Returns:
+            A function that copies a state into CPU buffers, for `checkpoint.capture_state`.
+        """
+        self.wait()  # its buffers are reused now
+        self._buffers.reset()
+        return self._buffers.copy
+
+    def release_buffers(self) -> None:
+        """Frees the CPU copy kept for reuse (call when no write is in flight); the next save
+        allocates anew."""
+        self._buffers = StagingBuffers()
+
+    def start(self, folder: str | os.PathLike[str], write: Callable[[Callable[[], None]], None]) -> None:
+        """Waits for the previous write, then starts `write(barrier)` on a background thread.
+
+        Every process must call it at the same point (the first call makes a process group).
+
+        Args:
+            folder: The checkpoint folder being written.
+            write: Writes the folder, synchronising processes with the barrier it is given.
+        """
+        self.wait()
+        barrier = self._barrier()
+        self._pending = PendingCheckpoint(folder, lambda: write(barrier))
+
+    def wait(self) -> None:
+        """Blocks until the write in flight, if any, has ended, and re-raises its error."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            pending.wait()
+        finally:
+            # Interrupted while joining (Ctrl-C), the write is still running: it stays pending,
+            # so no second write can start beside it.
+            if pending.done:
+                self._pending = None
+
+    def _barrier(self) -> Callable[[], None]:
+        if not self._state.is_distributed:
+            return _no_barrier
+        if self._group is None:
+            # gloo whatever the default backend: a barrier on the CPU needs no device stream.
+            self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
+        group = self._group
+        return lambda: dist.barrier(group=group)
