@@ -227,6 +227,12 @@ class Trainer:
         fire("on_train_batch_end", self)
 
     def _save_and_exit(self) -> None:
+        try:
+            self.accelerator.wait_for_checkpoint()
+        except Exception as err:
+            # The preemption save matters more than an earlier one that failed: report it and save.
+            warn_once(self, f"A background checkpoint write had failed; saving the preemption checkpoint "
+                            f"anyway. The failure: {err!r}")
         # A user's Accelerator may lack automatic naming; "latest" must find this checkpoint.
         config = self.accelerator.project_configuration
         config.automatic_checkpoint_naming = True

@@ -174,3 +174,26 @@ def test_preemption_with_a_users_accelerator_saves_where_latest_looks(tmp_path, 
                       accelerator=Accelerator(gradient_accumulation_steps=2))
     resumed.fit(job.Net(), train)
     assert resumed.state.global_step == 5
+
+
+def test_preemption_saves_even_after_a_failed_background_write(tmp_path, train_job_module, monkeypatch):
+    """An async checkpoint whose write fails does not stop the preemption save: it is reported
+    as a warning, and the preemption checkpoint lands."""
+    from fittrain import checkpoint
+    from fittrain.callbacks import Checkpointer
+
+    original, calls = checkpoint.write_snapshot, []
+
+    def first_write_fails(writer, snapshot):  # type: ignore[no-untyped-def]
+        calls.append(snapshot)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device (injected)")
+        original(writer, snapshot)
+
+    monkeypatch.setattr(checkpoint, "write_snapshot", first_write_fails)
+    callbacks = [Checkpointer(every_n_steps=1, async_save=True), _SignalAt(1, signal.SIGTERM)]
+    with pytest.warns(UserWarning, match="background checkpoint write had failed.*No space left"):
+        with pytest.raises(SystemExit) as exit_info:
+            _fit(train_job_module, tmp_path, callbacks)
+    assert exit_info.value.code == PREEMPTION_EXIT_CODE and len(calls) == 2
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_1"]
