@@ -2,7 +2,9 @@
 
 A thin facade. Process facts live in `state`, precision in `precision`, wrappers in `optim`
 and `data`, model wrapping in `parallel`, collectives in `collectives` and the checkpoint
-layout in `checkpoint`. This class wires them together for one run and keeps no global state.
+layout in `checkpoint`. This class wires them together for one run and keeps no global state;
+its multi-process helpers (`process_methods`) and checkpoint methods (`checkpoint_methods`) are
+mixins in modules of their own.
 
 Example:
     >>> accelerator = Accelerator()
@@ -19,24 +21,22 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import pathlib
-import warnings
-from typing import Any, ContextManager, Iterable, Iterator
+from typing import Any, ContextManager, Iterable
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint, collectives, parallel
-from .async_checkpoint import BackgroundCheckpoints
-from .checkpoint import ProjectConfiguration, StateParts
+from . import collectives, parallel
 from .batches import BatchesShard
+from .checkpoint import ProjectConfiguration
+from .checkpoint_methods import CheckpointMethods
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader
 from .model_io import save_model_weights
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
+from .process_methods import ProcessMethods
 from .state import DistributedType, ProcessState
-from .storage import CheckpointReader
 from .sync import GradientState
 
 _Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -48,7 +48,7 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
-class Accelerator:
+class Accelerator(ProcessMethods, CheckpointMethods):
     """Runs a PyTorch training loop on one or many processes, in mixed precision if asked.
 
     Args:
@@ -340,181 +340,6 @@ class Accelerator:
         else:
             torch.save(obj, f)
 
-    # ----------------------------------------------------------------- processes
-    def wait_for_everyone(self) -> None:
-        """Blocks until every process reaches this line."""
-        self.state.barrier()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print`, on the main process only."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    def gather(self, tensor: Any) -> Any:
-        """Concatenates tensors (or nested structures of them) from all processes along dim 0."""
-        return collectives.gather(tensor, self.state)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
-        if use_gather_object or not _holds_tensors(input_data):
-            gathered = [x for part in collectives.gather_object(input_data, self.state) for x in _as_list(part)]
-        else:
-            gathered = collectives.gather(input_data, self.state)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder:
-            gathered = _truncate(gathered, remainder)
-        return gathered
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sums or averages tensors across processes."""
-        return collectives.reduce(tensor, self.state, reduction, scale)
-
-    def broadcast(self, obj: Any, from_process: int = 0) -> Any:
-        """Copies tensors, or any picklable object, from `from_process` to all processes."""
-        if _holds_tensors(obj):
-            return collectives.broadcast(obj, self.state, from_process)
-        return collectives.broadcast_object(obj, self.state, from_process)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """Pads tensors along `dim` to the largest size on any process."""
-        return collectives.pad_across_processes(tensor, self.state, dim, pad_index, pad_first)
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
-        """A context that yields this process's share of `inputs`."""
-        return collectives.split_between_processes(inputs, self.state, apply_padding)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Runs the block on the main process first, then on the others (e.g. to download once)."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """Like `main_process_first`, per node."""
-        with self.main_process_first():
-            yield
-
-    # ----------------------------------------------------------------- checkpoints
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Adds objects whose `state_dict()` travels in every `save_state`.
-
-        Raises:
-            ValueError: for an object without both `state_dict` and `load_state_dict`.
-        """
-        for obj in objects:
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise ValueError(
-                    "register_for_checkpointing() needs objects with state_dict() and load_state_dict() methods. "
-                    f"Received: {obj!r} (type {type(obj).__name__}), which lacks them. Add both methods."
-                )
-        self._custom_objects.extend(objects)
-
-    def _state_parts(self) -> StateParts:
-        return StateParts(
-            model_state_dicts=[self.get_state_dict(m) for m in self._models],
-            optimizer_state_dicts=[parallel.optimizer_state_dict(o, self._models) for o in self._optimizers],
-            optimizers=self._optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
-            custom=self._custom_objects, precision=self.precision,
-            accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
-                               "mixed_precision": self.mixed_precision})
-
-    # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
-    _background_checkpoints: BackgroundCheckpoints | None = None
-
-    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
-                   **kwargs: Any) -> str:
-        """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects.
-
-        The folder is written under a temporary name and renamed when complete, so a crash never
-        leaves a folder that looks complete. With automatic naming, `output_dir` is chosen as
-        `{project_dir}/checkpoints/checkpoint_{i}` and old ones beyond `total_limit` are deleted.
-        A save still being written in the background is waited for first.
-
-        Args:
-            output_dir: The folder to write; None with automatic naming.
-            async_save: Copy the state to CPU memory and write the files on a background thread,
-                returning as soon as the copy is taken. The folder appears (and pruning happens)
-                when the write is done; `wait_for_checkpoint()` waits for it. The CPU copy is
-                kept for the next async save to reuse. Every process must pass the same value.
-
-        Returns:
-            The folder written (or being written, with `async_save`).
-        """
-        self.wait_for_checkpoint()
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            target = config.next_checkpoint_dir()
-            config.iteration += 1  # now: a background write must not let the next save reuse the number
-        elif output_dir is None:
-            raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
-                             "automatic_checkpoint_naming=True. Received: output_dir=None.")
-        else:
-            target = pathlib.Path(output_dir)
-        if async_save and self._background_checkpoints is None:
-            self._background_checkpoints = BackgroundCheckpoints(self.state)
-        stage = self._background_checkpoints.stager() if async_save else None
-        # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
-        snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
-        prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
-        if async_save:
-            self._background_checkpoints.start(
-                target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune))
-        else:
-            checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune)
-        return os.fspath(target)
-
-    def wait_for_checkpoint(self) -> None:
-        """Blocks until the checkpoint that `save_state(async_save=True)` is writing is complete.
-
-        Returns at once when no write is in flight. `save_state`, `load_state` and `end_training`
-        call it themselves; call it before reading the folder, or before the script exits.
-
-        Raises:
-            Exception: whatever the background write raised, with a note naming the folder; that
-                checkpoint was not saved (earlier ones are intact).
-        """
-        if self._background_checkpoints is not None:
-            self._background_checkpoints.wait()
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
-        """Restores everything `save_state` saved. Data loaders get their position back but are not
-        moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
-
-        With `input_dir=None` and automatic naming, loads the newest intact checkpoint.
-
-        Raises:
-            FileNotFoundError: when the folder does not exist.
-            CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file;
-                nothing is changed in that case.
-
-        Returns:
-            The folder loaded.
-        """
-        self.wait_for_checkpoint()
-        if input_dir is None:
-            if not self.project_configuration.automatic_checkpoint_naming:
-                raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
-                                 "automatic_checkpoint_naming=True. Received: input_dir=None.")
-            source = checkpoint.latest_checkpoint(self.project_configuration.checkpoints_dir, warnings.warn)
-        else:
-            source = pathlib.Path(input_dir)
-        reader = CheckpointReader(source)
-        parts = StateParts([{}] * len(self._models), [{}] * len(self._optimizers), self._optimizers,
-                           self._schedulers, self._dataloaders, self._custom_objects, self.precision, {})
-        loaded = checkpoint.read_state(reader, parts, self.process_index)
-        checkpoint.check_model_states(reader.path, loaded["models"],
-                                      [parallel.unwrap(m).state_dict() for m in self._models])
-        checkpoint.apply_state(
-            loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
-            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
-        self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
-        self.project_configuration.after_load(source)
-        return os.fspath(source)
-
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One pass of a prepared loader that starts after `num_batches` batches, loading none of them."""
         if isinstance(dataloader, SkippedDataLoader):
@@ -553,28 +378,3 @@ class Accelerator:
         finally:
             self.state.shutdown()
 
-
-def _holds_tensors(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return True
-    if isinstance(obj, dict):
-        return bool(obj) and all(_holds_tensors(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return bool(obj) and all(_holds_tensors(v) for v in obj)
-    return False
-
-
-def _as_list(obj: Any) -> list[Any]:
-    return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-
-
-def _truncate(data: Any, length: int) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data[:length]
-    if isinstance(data, dict):
-        return type(data)((k, _truncate(v, length)) for k, v in data.items())
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_truncate(v, length) for v in data))
-    if isinstance(data, (list, tuple)) and data and all(isinstance(v, torch.Tensor) for v in data):
-        return type(data)(_truncate(v, length) for v in data)
-    return data[:length]

@@ -1,0 +1,153 @@
+"""The Accelerator's checkpoint methods: `register_for_checkpointing`, `save_state`, `load_state`.
+
+A mixin of `Accelerator`, kept apart so the facade stays short. The folder layout is in
+`checkpoint`, atomic writing in `storage`, background writes in `async_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+from typing import Any
+
+from torch import nn
+
+from . import checkpoint, parallel
+from .async_checkpoint import BackgroundCheckpoints
+from .checkpoint import ProjectConfiguration, StateParts
+from .precision import FullPrecision
+from .state import ProcessState
+from .storage import CheckpointReader
+from .sync import GradientState
+
+
+class CheckpointMethods:
+    """Saves and restores everything an Accelerator prepared, plus registered objects."""
+
+    # What the Accelerator provides (declared here so the methods below read on their own).
+    state: ProcessState
+    precision: FullPrecision
+    gradient_state: GradientState
+    project_configuration: ProjectConfiguration
+    _models: list[nn.Module]
+    _optimizers: list[Any]
+    _schedulers: list[Any]
+    _dataloaders: list[Any]
+    _custom_objects: list[Any]
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Adds objects whose `state_dict()` travels in every `save_state`.
+
+        Raises:
+            ValueError: for an object without both `state_dict` and `load_state_dict`.
+        """
+        for obj in objects:
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise ValueError(
+                    "register_for_checkpointing() needs objects with state_dict() and load_state_dict() methods. "
+                    f"Received: {obj!r} (type {type(obj).__name__}), which lacks them. Add both methods."
+                )
+        self._custom_objects.extend(objects)
+
+    def _state_parts(self) -> StateParts:
+        return StateParts(
+            model_state_dicts=[self.get_state_dict(m) for m in self._models],
+            optimizer_state_dicts=[parallel.optimizer_state_dict(o, self._models) for o in self._optimizers],
+            optimizers=self._optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
+            custom=self._custom_objects, precision=self.precision,
+            accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
+                               "mixed_precision": self.mixed_precision})
+
+    # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
+    _background_checkpoints: BackgroundCheckpoints | None = None
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
+                   **kwargs: Any) -> str:
+        """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects.
+
+        The folder is written under a temporary name and renamed when complete, so a crash never
+        leaves a folder that looks complete. With automatic naming, `output_dir` is chosen as
+        `{project_dir}/checkpoints/checkpoint_{i}` and old ones beyond `total_limit` are deleted.
+        A save still being written in the background is waited for first.
+
+        Args:
+            output_dir: The folder to write; None with automatic naming.
+            async_save: Copy the state to CPU memory and write the files on a background thread,
+                returning as soon as the copy is taken. The folder appears (and pruning happens)
+                when the write is done; `wait_for_checkpoint()` waits for it. The CPU copy is
+                kept for the next async save to reuse. Every process must pass the same value.
+
+        Returns:
+            The folder written (or being written, with `async_save`).
+        """
+        self.wait_for_checkpoint()
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            target = config.next_checkpoint_dir()
+            config.iteration += 1  # now: a background write must not let the next save reuse the number
+        elif output_dir is None:
+            raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
+                             "automatic_checkpoint_naming=True. Received: output_dir=None.")
+        else:
+            target = pathlib.Path(output_dir)
+        if async_save and self._background_checkpoints is None:
+            self._background_checkpoints = BackgroundCheckpoints(self.state)
+        stage = self._background_checkpoints.stager() if async_save else None
+        # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
+        snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
+        prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
+        if async_save:
+            self._background_checkpoints.start(
+                target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune))
+        else:
+            checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune)
+        return os.fspath(target)
+
+    def wait_for_checkpoint(self) -> None:
+        """Blocks until the checkpoint that `save_state(async_save=True)` is writing is complete.
+
+        Returns at once when no write is in flight. `save_state`, `load_state` and `end_training`
+        call it themselves; call it before reading the folder, or before the script exits.
+
+        Raises:
+            Exception: whatever the background write raised, with a note naming the folder; that
+                checkpoint was not saved (earlier ones are intact).
+        """
+        if self._background_checkpoints is not None:
+            self._background_checkpoints.wait()
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
+        """Restores everything `save_state` saved. Data loaders get their position back but are not
+        moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
+
+        With `input_dir=None` and automatic naming, loads the newest intact checkpoint.
+
+        Raises:
+            FileNotFoundError: when the folder does not exist.
+            CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file;
+                nothing is changed in that case.
+
+        Returns:
+            The folder loaded.
+        """
+        self.wait_for_checkpoint()
+        if input_dir is None:
+            if not self.project_configuration.automatic_checkpoint_naming:
+                raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
+                                 "automatic_checkpoint_naming=True. Received: input_dir=None.")
+            source = checkpoint.latest_checkpoint(self.project_configuration.checkpoints_dir, warnings.warn)
+        else:
+            source = pathlib.Path(input_dir)
+        reader = CheckpointReader(source)
+        parts = StateParts([{}] * len(self._models), [{}] * len(self._optimizers), self._optimizers,
+                           self._schedulers, self._dataloaders, self._custom_objects, self.precision, {})
+        loaded = checkpoint.read_state(reader, parts, self.process_index)
+        checkpoint.check_model_states(reader.path, loaded["models"],
+                                      [parallel.unwrap(m).state_dict() for m in self._models])
+        checkpoint.apply_state(
+            loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
+            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
+        self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
+        self.project_configuration.after_load(source)
+        return os.fspath(source)
