@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .data import DataPosition, PositionedSource, send_to_device
+from .data import DataPosition, PositionedSource, batch_size_of, send_to_device
 from .sync import GradientState
 
 
@@ -63,6 +63,14 @@ class BatchesShard(PositionedSource):
         self.position = DataPosition()
         # On the CPU a batch is already where it belongs: skip the recursive walk.
         self._moves_batches = device is not None and device.type != "cpu"
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes, read off the first batch (None without tensors);
+        the Logger's samples/sec uses it."""
+        first = next(iter(self.base_loader), None)
+        size = batch_size_of(first) if first is not None else 0
+        return size * self.num_processes or None
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank."""

@@ -45,6 +45,21 @@ def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
     return obj
 
 
+def batch_size_of(batch: Any) -> int:
+    """Samples in `batch`: the first dimension of its first tensor (searching tuples, lists and
+    dict values), 1 for a 0-d tensor, 0 when it holds no tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = batch_size_of(item)
+            if size:
+                return size
+    return 0
+
+
 def _mix(*values: int) -> int:
     """A deterministic seed from several integers (Python's hash of ints is not salted)."""
     return hash(tuple(values)) % _SEED_MODULUS

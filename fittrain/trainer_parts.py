@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from . import collectives
+from .data import batch_size_of
 from .parallel import is_fsdp, unwrap
 
 if TYPE_CHECKING:
@@ -141,19 +142,6 @@ class LazyMetrics(dict):
         return {name: float(value) for name, value in self.items()}
 
 
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            size = _batch_size(item)
-            if size:
-                return size
-    return 0
-
-
 class ValidationAverager:
     """Averages validation metrics over samples and processes, with one collective at the end."""
 
@@ -174,7 +162,7 @@ class ValidationAverager:
 
     def add_output(self, output: Any, batch: Any) -> None:
         """Adds what `validation_step` returned for `batch`: a scalar (val_loss) or a dict."""
-        self._weight = _batch_size(batch) or 1
+        self._weight = batch_size_of(batch) or 1
         if output is None:
             return
         if not isinstance(output, dict):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from fittrain import Accelerator
 from fittrain.data import DataLoaderShard, SkippedDataLoader, send_to_device

@@ -46,6 +46,16 @@ def test_tensorboard_has_train_and_val_loss_lr_and_throughput(make_module, make_
     assert samples_per_sec == pytest.approx([4 * v for v in steps_per_sec], rel=1e-6)
 
 
+def test_throughput_in_samples_for_a_list_of_batches(make_module, make_loader, tmp_path):
+    batches = list(make_loader())  # ready batches of 4 samples, no DataLoader
+    trainer = Trainer(project_dir=tmp_path, max_epochs=1, callbacks=[Logger(every_n_steps=2, progress_bar=False)])
+    trainer.fit(make_module(), batches)
+    scalars = _scalars(tmp_path / "logs")
+    steps_per_sec = [value for _, value in scalars["throughput/steps_per_sec"]]
+    samples_per_sec = [value for _, value in scalars["throughput/samples_per_sec"]]
+    assert len(steps_per_sec) == 2 and samples_per_sec == pytest.approx([4 * v for v in steps_per_sec], rel=1e-6)
+
+
 def test_every_metric_is_logged_and_validation_points_are_not_repeated(make_module, make_loader, tmp_path):
     trainer = Trainer(project_dir=tmp_path, max_epochs=2,
                       callbacks=[GradClip(max_norm=10.0), Logger(every_n_steps=1, progress_bar=False)])
