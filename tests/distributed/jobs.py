@@ -83,10 +83,27 @@ def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT)
     return Finished(proc.returncode, output, time.monotonic() - started, time.time())
 
 
+#: Launcher flags whose value is the rendezvous port, and what a port taken by someone else reads like.
+_PORT_FLAGS = ("--master-port", "--main_process_port")
+_PORT_CLASH = "EADDRINUSE"
+
+
+def _with_new_port(args: list[str]) -> list[str]:
+    return [str(free_port()) if i and args[i - 1] in _PORT_FLAGS else arg for i, arg in enumerate(args)]
+
+
 def run(args: list[str], env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT) -> Finished:
-    """Runs one job to the end (see `finish`)."""
+    """Runs one job to the end (see `finish`).
+
+    `free_port` releases its port before the launcher binds it, so another process on a busy
+    machine may take it in between; a job that failed only because of that is run once more on
+    a fresh port. Any other failure is returned as it is.
+    """
     started = time.monotonic()
-    return finish(start(args, env), started, timeout)
+    done = finish(start(args, env), started, timeout)
+    if done.returncode != 0 and _PORT_CLASH in done.output and any(flag in args for flag in _PORT_FLAGS):
+        done = finish(start(_with_new_port(args), env), time.monotonic(), timeout)
+    return done
 
 
 def run_together(commands: list[list[str]], timeout: float = JOB_TIMEOUT) -> list[Finished]:

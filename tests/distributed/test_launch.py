@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import pathlib
 import re
+import socket
 import sys
 
 import pytest
@@ -18,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from fittrain import cli
 from jobs import (SCRIPTS, assert_state_close, assert_state_equal, fittrain_launch, free_port, job_env, read_results,
-                  run, run_together)
+                  run, run_together, torchrun)
 
 #: A failing job must end within this after the failure (torchrun polls its workers every 0.1 s
 #: and gives survivors a grace period after SIGTERM); startup time on a busy machine is excluded.
@@ -155,3 +156,12 @@ def test_two_nodes_rendezvous_on_localhost(tmp_path: pathlib.Path,
 def _node_command(node_rank: int, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+
+
+def test_a_job_whose_port_was_taken_runs_again_on_a_fresh_port() -> None:
+    """The test helper's guard against the free-port race: the port is taken for real here."""
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        job = run(torchrun(2, "hello_worker.py", port=taken.getsockname()[1])).check()
+    assert sorted(re.findall(r"rank \d ok", job.output)) == ["rank 0 ok", "rank 1 ok"]
