@@ -50,11 +50,20 @@ class Job:
 
     def __init__(self, args: list[str], timeout: float = JOB_TIMEOUT) -> None:
         self.args = [str(a) for a in args]
-        self.started = time.monotonic()
         self.timeout = timeout
+        self.output = ""
+        self._retried = False
+        self._start()
+
+    def _start(self) -> None:
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=job_env(), start_new_session=True)
-        self.output = ""
+
+    def _lost_its_port(self) -> bool:
+        # free_port() releases the port before torchrun binds it; on a busy machine another
+        # process may take it in between. Such a job never started training: run it again.
+        return "EADDRINUSE" in self.output and "--master_port" in self.args
 
     @property
     def pid(self) -> int:
@@ -73,6 +82,12 @@ class Job:
             self.output, _ = self.proc.communicate()
             pytest.fail(f"job ran past {self.timeout:.0f}s and was killed: {' '.join(self.args)}\n"
                         f"{self.output[-4000:]}")
+        if self.proc.returncode != 0 and self._lost_its_port() and not self._retried:
+            self._retried = True
+            at = self.args.index("--master_port") + 1
+            self.args[at] = str(free_port())
+            self._start()
+            return self.wait(expect)
         if expect is not None and self.proc.returncode != expect:
             pytest.fail(f"job exited {self.proc.returncode} (expected {expect}): {' '.join(self.args)}\n"
                         f"{self.output[-6000:]}")
