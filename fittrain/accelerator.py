@@ -90,6 +90,7 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PositionedSource] = []
         self._custom_objects: list[Any] = []
+        self._replaced_parameters = parallel.ReplacedParameters()
 
     # ----------------------------------------------------------------- facts
     @property
@@ -189,14 +190,14 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         Returns:
             The prepared objects in the order given (a single object when one was given).
         """
-        rebinding: dict[int, nn.Parameter] = {}
         prepared = list(objs)
         for i, obj in enumerate(objs):
             if isinstance(obj, nn.Module) and not self._is_prepared(obj):
-                prepared[i] = self._prepare_model(obj, rebinding)
+                prepared[i] = self._prepare_model(obj)
         for i, obj in enumerate(objs):
             if isinstance(obj, torch.optim.Optimizer) and not self._is_prepared(obj):
-                parallel.rebind_optimizer(obj, rebinding)
+                # Also for models prepared by an earlier call: FSDP2 replaced their parameters.
+                parallel.rebind_optimizer(obj, self._replaced_parameters.mapping())
                 prepared[i] = self._register(self._optimizers, AcceleratedOptimizer(
                     obj, self.gradient_state, self.precision))
             elif isinstance(obj, DataLoader):
@@ -239,14 +240,16 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         pool.append(obj)
         return obj
 
-    def _prepare_model(self, model: nn.Module, rebinding: dict[int, nn.Parameter]) -> nn.Module:
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
         if self.device_placement:
             model = model.to(self.device)
         before = list(model.named_parameters())
         wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes)
         after = dict(parallel.unwrap(wrapped).named_parameters())
         # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
-        rebinding.update({id(p): after[name] for name, p in before if name in after and after[name] is not p})
+        for name, old in before:
+            if name in after and after[name] is not old:
+                self._replaced_parameters.record(old, after[name])
         self.precision.wrap_forward(wrapped)
         return self._register(self._models, wrapped)
 

@@ -7,12 +7,10 @@ The optimizer rule under FSDP2:
     `fully_shard` replaces every parameter of the model with a sharded `DTensor` parameter, so an
     optimizer must hold the sharded parameters, not the originals. Either build the optimizer
     after `prepare(model)`, on `model.parameters()`, or build it on the plain model before and
-    pass it to the same `prepare` call as the model (`prepare(model, optimizer)`): prepare then
-    re-binds it to the sharded parameters (`rebind_optimizer`). The re-bound optimizer must not
-    have stepped yet, because its state would still belong to the old, full-size parameters. Pass
-    the optimizer in the same `prepare` call as its model: one prepared in a later call is not
-    re-bound and keeps the replaced parameters, so the model would not train. DDP keeps the
-    parameters, so under DDP either order works.
+    pass it to `prepare` (in the model's call or a later one): prepare then re-binds it to the
+    sharded parameters (`rebind_optimizer`, with the replacements `ReplacedParameters` remembers).
+    The re-bound optimizer must not have stepped yet, because its state would still belong to the
+    old, full-size parameters. DDP keeps the parameters, so under DDP any order works.
 
     Example:
         >>> optimizer = torch.optim.AdamW(model.parameters())      # plain model: fine
@@ -28,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+import weakref
 from typing import Any, ContextManager, Iterable, Sequence
 
 import torch
@@ -286,6 +285,33 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(owner, _inner(optimizer), state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+class ReplacedParameters:
+    """The parameters that wrapping replaced (FSDP2 shards them), remembered across prepare() calls.
+
+    Both sides are weak references: an entry matters only while something, such as an optimizer
+    built on the plain model, still holds the old parameter, and it must not keep either alive.
+    A weak reference also guards against a reused `id`: a dead entry never matches.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+    def record(self, old: nn.Parameter, new: nn.Parameter) -> None:
+        """Notes that `new` replaced `old`."""
+        self._entries[id(old)] = (weakref.ref(old), weakref.ref(new))
+
+    def mapping(self) -> dict[int, nn.Parameter]:
+        """id(old parameter) -> new parameter, for the entries whose both sides are still alive."""
+        live: dict[int, nn.Parameter] = {}
+        for key, (old, new) in list(self._entries.items()):
+            replacement = new()
+            if old() is None or replacement is None:
+                del self._entries[key]
+            else:
+                live[key] = replacement
+        return live
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter]) -> None:

@@ -23,6 +23,11 @@ def test_prepare_rebinds_an_optimizer_built_before_it(fsdp_job: dict[str, Any]) 
         assert facts["fsdp_units"] == 4  # three Linear layers, then the root
 
 
+def test_prepare_rebinds_an_optimizer_prepared_in_a_later_call(fsdp_job: dict[str, Any]) -> None:
+    for rank in fsdp_job["ranks"]:
+        assert rank["rebinding_later"] == {"same_objects": True, "moved": True}
+
+
 def test_fsdp_with_batch_b_matches_one_process_with_batch_2b(
         fsdp_job: dict[str, Any], references: dict[str, dict[str, torch.Tensor]]) -> None:
     rank0, rank1 = (rank["fsdp_runs"] for rank in fsdp_job["ranks"])

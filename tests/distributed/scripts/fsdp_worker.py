@@ -67,6 +67,25 @@ def rebinding(out: pathlib.Path) -> dict[str, Any]:
     }
 
 
+def rebinding_later(out: pathlib.Path) -> dict[str, Any]:
+    """An optimizer built on the plain model but prepared in a later prepare() call is re-bound
+    too, and training then moves the sharded parameters."""
+    acc = Accelerator(strategy="fsdp")
+    model = training.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=training.LR)
+    model = acc.prepare(model)
+    optimizer = acc.prepare(optimizer)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    before = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    x = torch.randn(4, training.N_FEATURES)
+    acc.backward(model(x).pow(2).mean())
+    optimizer.step()
+    after = acc.get_state_dict(model)
+    return {"same_objects": len(held) == len(list(model.parameters()))
+            and all(a is b for a, b in zip(held, model.parameters())),
+            "moved": acc.process_index != 0 or all(not torch.equal(before[k], after[k]) for k in before)}
+
+
 def save_model(out: pathlib.Path) -> dict[str, Any]:
     """save_model under FSDP2 writes full weights from the main process."""
     acc = Accelerator(strategy="fsdp")
@@ -113,7 +132,7 @@ def accelerator_state(out: pathlib.Path) -> dict[str, Any]:
     return {"first": first, "second": second}
 
 
-SCENARIOS = {"rebinding": rebinding, "fsdp_runs": fsdp_runs, "save_model": save_model,
+SCENARIOS = {"rebinding": rebinding, "rebinding_later": rebinding_later, "fsdp_runs": fsdp_runs, "save_model": save_model,
              "optimizer_helpers": optimizer_helpers, "accelerator_state": accelerator_state}
 
 
