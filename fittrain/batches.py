@@ -55,7 +55,7 @@ class BatchesShard(PositionedSource):
 
     def __init__(self, batches: Any, device: torch.device | None, gradient_state: GradientState,
                  num_processes: int = 1, process_index: int = 0, even_batches: bool = True) -> None:
-        check_batches(batches, "batches")
+        check_batches(batches, "data_loader")  # the argument of prepare_data_loader, which builds this
         self.base_loader = batches
         self.device = device
         self.gradient_state = gradient_state

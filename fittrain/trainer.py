@@ -257,6 +257,8 @@ class Trainer:
             >>> trainer.validate(module, val_loader)
             {'val_loss': 0.12}
         """
+        if not isinstance(loader, DataLoader):
+            check_batches(loader, "loader")
         if self.module is not module:
             self.module = module
             module.attach(self)

@@ -145,3 +145,11 @@ def test_one_shot_iterators_and_unsized_iterables_are_refused_by_name(tmp_path, 
 def test_an_empty_list_is_refused_like_an_empty_loader(tmp_path):
     with pytest.raises(ValueError, match="empty train_loader"):
         Trainer(project_dir=tmp_path).fit(Regressor(), [])
+
+
+def test_validate_and_prepare_data_loader_name_their_own_argument(tmp_path):
+    one_shot = (b for b in as_list(data(), 8))
+    with pytest.raises(TypeError, match="`loader` must be a DataLoader or a .*generator"):
+        Trainer(project_dir=tmp_path).validate(Regressor(), one_shot)
+    with pytest.raises(TypeError, match="`data_loader` must be a DataLoader or a .*generator"):
+        Accelerator(cpu=True).prepare_data_loader(one_shot)
