@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .data import DataPosition, PositionedSource, batch_size_of, send_to_device
+from .data import DataPosition, PositionedSource, batch_size_of
 from .sync import GradientState
 
 
@@ -96,13 +96,4 @@ class BatchesShard(PositionedSource):
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
         total = len(self)
-        state = self.gradient_state
-        state.end_of_dataloader, state.remainder = False, 0
-        last = total - 1
-        for index, batch in enumerate(itertools.islice(self._rank_batches(), skip, total), start=skip):
-            self.position.batches_consumed = index + 1
-            state.end_of_dataloader = index == last
-            yield send_to_device(batch, self.device) if self._moves_batches else batch
-        self.position.epoch += 1
-        self.position.batches_consumed = 0
-        state.end_of_dataloader = False
+        yield from self._emit(itertools.islice(self._rank_batches(), skip, total), skip, total)

@@ -120,9 +120,29 @@ class DataPosition:
 
 
 class PositionedSource:
-    """What every prepared data source shares: a `DataPosition`, saved and restored by checkpoints."""
+    """What every prepared data source shares: a `DataPosition`, saved and restored by checkpoints,
+    and the per-batch bookkeeping of an epoch (`_emit`)."""
 
     position: DataPosition
+    gradient_state: GradientState
+    device: torch.device | None
+    _moves_batches: bool = False
+    _non_blocking: bool = False
+
+    def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0) -> Iterator[Any]:
+        """Yields this epoch's batches `skip`..`total - 1` from `batches`, on the device, keeping the
+        position and the accumulation state (`end_of_dataloader`, `remainder`) up to date."""
+        state, position = self.gradient_state, self.position
+        state.end_of_dataloader, state.remainder = False, remainder
+        last = total - 1
+        for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
+            position.batches_consumed = index + 1
+            state.end_of_dataloader = index == last
+            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
+        position.epoch += 1
+        position.batches_consumed = 0
+        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
+        state.end_of_dataloader, state.remainder = False, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
@@ -320,21 +340,9 @@ class DataLoaderShard(PositionedSource):
 
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on, without loading the skipped batches."""
-        total = len(self.batch_sampler)
         self.batch_sampler.skip = skip
         iterator = self._fetch(skip) if self._fetches_directly else self._start_inner()
-        self.gradient_state.end_of_dataloader = False
-        self.gradient_state.remainder = self.batch_sampler.padded_remainder()
-        for index in range(skip, total):
-            batch = next(iterator)
-            self.position.batches_consumed = index + 1
-            self.gradient_state.end_of_dataloader = index == total - 1
-            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
-        self.position.epoch += 1
-        self.position.batches_consumed = 0
-        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
-        self.gradient_state.end_of_dataloader = False
-        self.gradient_state.remainder = 0
+        yield from self._emit(iterator, skip, len(self.batch_sampler), self.batch_sampler.padded_remainder())
 
     def _start_inner(self) -> Iterator[Any]:
         # The worker base seed comes from our own generator, not the global RNG, so creating the
