@@ -23,10 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .state import ProcessState, collective_timeout
-
-
-def _no_barrier() -> None:
-    """Does nothing: the barrier of a single process."""
+from .storage import no_barrier
 
 
 class PendingCheckpoint:
@@ -199,7 +196,7 @@ class BackgroundCheckpoints:
 
     def _barrier(self) -> Callable[[], None]:
         if not self._state.is_distributed:
-            return _no_barrier
+            return no_barrier
         if self._group is None:
             # gloo whatever the default backend: a barrier on the CPU needs no device stream.
             self._group = dist.new_group(backend="gloo", timeout=collective_timeout())

@@ -48,7 +48,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is incomplete, damaged or unsafe; the message names the bad file."""
 
 
-def _no_barrier() -> None:
+def no_barrier() -> None:
     """Does nothing: the barrier of a single process."""
 
 
@@ -117,7 +117,7 @@ def _move_into_place(temp: pathlib.Path, final: pathlib.Path) -> None:
 @contextlib.contextmanager
 def atomic_checkpoint(
     final_dir: str | os.PathLike[str], *, is_main_process: bool = True,
-    barrier: Callable[[], None] = _no_barrier,
+    barrier: Callable[[], None] = no_barrier,
 ) -> Iterator[CheckpointWriter]:
     """Writes a checkpoint folder that appears under its name only when complete.
 
