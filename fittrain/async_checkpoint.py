@@ -13,9 +13,12 @@ load, `end_training` and `wait_for_checkpoint` wait for it and re-raise its erro
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import threading
+import warnings
+import weakref
 from copy import copy as shallow_copy, deepcopy
 from typing import Any, Callable
 
@@ -24,6 +27,7 @@ import torch.distributed as dist
 
 from .state import ProcessState, collective_timeout
 from .storage import no_barrier
+from .teardown import exiting_on_error
 
 
 class PendingCheckpoint:
@@ -72,6 +76,10 @@ class PendingCheckpoint:
             raise error
 
 
+# Values a copy may share with the state: nothing can change them in place.
+_IMMUTABLE = (bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
 class StagingBuffers:
     """CPU tensors that receive a snapshot's copies, reused by the next snapshot.
 
@@ -97,16 +105,44 @@ class StagingBuffers:
         bytes as for the original. Copies from a GPU have landed when this returns.
         """
         devices: set[torch.device] = set()
-        result = self._copy_tree(obj, devices)
+        result = self._copy_tree(obj, devices, {}, set())
         for device in devices:
             torch.cuda.synchronize(device)  # the writing thread reads the buffers next
         return result
 
-    def _copy_tree(self, obj: Any, devices: set[torch.device]) -> Any:
+    def _copy_tree(self, obj: Any, devices: set[torch.device], memo: dict[int, Any], active: set[int]) -> Any:
+        """Copies `obj`; an object met again is copied once and shared again, as deepcopy does.
+
+        Without the memo a small structure that shares its parts (`a = [a, a]`, 22 times over)
+        would be copied once per path to each part, 2**22 times.
+
+        Raises:
+            ValueError: A container contains itself.
+        """
+        if obj is None or isinstance(obj, _IMMUTABLE):
+            return obj
+        key = id(obj)  # `obj` stays alive (the caller holds the whole state), so ids stay unique
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise ValueError(
+                f"Cannot copy the state for an asynchronous save: a {type(obj).__name__} in it contains "
+                "itself (a reference cycle). A checkpoint state must be a tree of dicts, lists, tuples, "
+                "tensors and numbers; remove the cycle from the state_dict() of the scheduler or "
+                "registered object that holds it, or save with async_save=False (torch.save keeps cycles)."
+            )
+        active.add(key)
+        try:
+            memo[key] = self._copy_node(obj, devices, lambda child: self._copy_tree(child, devices, memo, active))
+        finally:
+            active.discard(key)
+        return memo[key]
+
+    def _copy_node(self, obj: Any, devices: set[torch.device], copy_child: Callable[[Any], Any]) -> Any:
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj.detach(), devices)
         if isinstance(obj, dict):
-            items = [(key, self._copy_tree(value, devices)) for key, value in obj.items()]
+            items = [(key, copy_child(value)) for key, value in obj.items()]
             if type(obj) is dict:
                 return dict(items)
             result = shallow_copy(obj)  # keeps a subclass's extras, such as a defaultdict's factory
@@ -114,12 +150,10 @@ class StagingBuffers:
                 result[key] = value
             return result
         if isinstance(obj, list):
-            return [self._copy_tree(value, devices) for value in obj]
+            return [copy_child(value) for value in obj]
         if isinstance(obj, tuple):
-            values = [self._copy_tree(value, devices) for value in obj]
+            values = [copy_child(value) for value in obj]
             return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
-        if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
-            return obj  # immutable
         return deepcopy(obj)
 
     def _copy_tensor(self, tensor: torch.Tensor, devices: set[torch.device]) -> torch.Tensor:
@@ -194,11 +228,40 @@ class BackgroundCheckpoints:
             if pending.done:
                 self._pending = None
 
+    def close(self, wait: bool = True) -> None:
+        """Waits for the write in flight (unless `wait` is False), then leaves the writers' group.
+
+        Called by `end_training` and, for a script that never calls it, at interpreter exit. A
+        later background save makes a new group.
+        """
+        try:
+            if wait:
+                self.wait()
+        finally:
+            group, self._group = self._group, None
+            if group is not None and dist.is_initialized():
+                dist.destroy_process_group(group)
+
     def _barrier(self) -> Callable[[], None]:
         if not self._state.is_distributed:
             return no_barrier
         if self._group is None:
             # gloo whatever the default backend: a barrier on the CPU needs no device stream.
             self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
+            # Registered after the default group's handler, so it runs before that one: the write
+            # in flight lands and this group goes before the default group is destroyed.
+            atexit.register(_close_at_exit, weakref.ref(self))
         group = self._group
         return lambda: dist.barrier(group=group)
+
+
+def _close_at_exit(owner: "weakref.ref[BackgroundCheckpoints]") -> None:
+    """At interpreter exit: finishes a background write, unless the script is dying of an error
+    (its peers may be gone, and the write would wait for them until the collective timeout)."""
+    checkpoints = owner()
+    if checkpoints is None:
+        return
+    try:
+        checkpoints.close(wait=not exiting_on_error())
+    except Exception as err:  # an atexit handler can only report
+        warnings.warn(f"fittrain: the background checkpoint write still in flight at exit failed: {err!r}")

@@ -6,6 +6,7 @@ A single process is simply the world-size-1 case, so nothing above this module b
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import enum
 import os
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .teardown import leave_process_group
 
 #: How long a collective waits for a peer before failing. A peer that dies is noticed at once by
 #: torchrun, which stops the whole job; the timeout covers a peer that is alive but stuck. It matches
@@ -151,6 +154,9 @@ class ProcessState:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             dist.init_process_group(backend=backend, timeout=timeout or collective_timeout())
+            # The group fittrain made is destroyed before the interpreter finalizes, even if the
+            # script never calls end_training(): see fittrain.teardown for the crash this avoids.
+            atexit.register(leave_process_group)
         return cls(world_size, rank, local_rank, device, backend)
 
     @property
@@ -192,5 +198,5 @@ class ProcessState:
 
     def shutdown(self) -> None:
         """Leaves the process group, so the script exits cleanly. Safe to call twice."""
-        if self.is_distributed and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.is_distributed:
+            leave_process_group()

@@ -101,3 +101,9 @@ def test_gpu_benchmark_on_cuda_with_tiny_sizes() -> None:
                          "--batch", "4", "--vocab", "256", "--steps", "5", "--warmup", "2", "--repeats", "1")
     assert ratio_rows(done.stdout, markdown=True)
     assert "CUDA" in done.stdout  # the machine line names the CUDA version
+
+
+def test_exit_stress_runs_a_two_process_job_that_exits_cleanly() -> None:
+    """The exit stress script (20 runs beside busy processes by default) with one run and no load."""
+    done = run_benchmark("exit_stress", "--runs", "1", "--load", "0")
+    assert done.stdout.strip().splitlines()[-1].startswith("exit_stress: 1/1 runs exited 0"), done.stdout

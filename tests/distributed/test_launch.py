@@ -136,6 +136,28 @@ def test_a_collective_with_an_absent_peer_times_out() -> None:
     assert job.ended_at - failed_at < BOUND_SECONDS  # rank 1, asleep for 600 s, was stopped
 
 
+def test_loaders_of_different_lengths_fail_at_once_on_every_rank() -> None:
+    job = run(fittrain_launch(2, "fail_worker.py", "uneven"))
+    assert job.returncode == 8, job.output[-4000:]
+    for rank in (0, 1):
+        for where, unit in (("prepare", "samples"), ("fit", "batches")):
+            line = re.search(rf"rank {rank} {where}: (.*)", job.output)
+            assert line, job.output[-4000:]
+            assert f"process 0: {16 if unit == 'samples' else 4} {unit}" in line.group(1)
+            assert f"process 1: {12 if unit == 'samples' else 3} {unit}" in line.group(1)
+
+
+def test_a_script_without_end_training_leaves_nothing_running_at_exit(tmp_path: pathlib.Path) -> None:
+    """fittrain destroys its process groups and lands a background checkpoint before the interpreter
+    finalizes (see fittrain.teardown), so no gloo or writer thread is left to crash the exit."""
+    job = run(torchrun(2, "exit_worker.py", str(tmp_path))).check()
+    for rank in (0, 1):
+        assert f"at exit: rank {rank} group_alive=False threads=[]" in job.output, job.output[-4000:]
+    from fittrain.storage import is_intact
+
+    assert is_intact(tmp_path / "checkpoints" / "checkpoint_0")
+
+
 def test_two_nodes_rendezvous_on_localhost(tmp_path: pathlib.Path,
                                            references: dict[str, dict[str, torch.Tensor]]) -> None:
     port = free_port()

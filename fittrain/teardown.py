@@ -1,0 +1,41 @@
+"""A clean exit for multi-process runs, also when a script never calls `end_training()`.
+
+Why this exists: torch's gloo backend runs each collective on a worker thread of its own, and that
+thread drops its references to the collective's tensors just after the collective completes.
+Dropping a tensor that Python also knows takes the GIL. When the main thread has meanwhile reached
+interpreter finalization (a script that ends right after a collective, on a busy machine), CPython
+ends the worker thread as it asks for the GIL; the thread unwinds through a C++ destructor, and the
+process dies with "terminate called without an active exception" (SIGABRT) after all its work is
+done, so torchrun reports the run as failed. Plain torch scripts do the same now and then.
+
+The cure is to destroy the process group before finalization: its destructor lets the GIL go and
+joins the worker threads. fittrain registers `leave_process_group` with `atexit` when it creates the
+group (atexit handlers run before finalization), and `Accelerator.end_training` does it at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch.distributed as dist
+
+
+def exiting_on_error() -> bool:
+    """Whether the interpreter is exiting because of an unhandled exception.
+
+    CPython records the exception (``sys.last_exc``, ``sys.last_value`` before 3.12) when it prints
+    the traceback, before any atexit handler runs.
+    """
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+
+
+def leave_process_group() -> None:
+    """Destroys every process group, then collects garbage so none lingers into finalization.
+
+    Safe to call when no group exists. A group that something still references (a DDP model the
+    script keeps) lives on, but with its collectives finished and released by now.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
