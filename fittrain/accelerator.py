@@ -74,6 +74,14 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         mixed_precision = check_precision(mixed_precision)
         _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
         self.strategy = parallel.resolve_strategy(strategy)
+        if project_config is not None and not isinstance(project_config, ProjectConfiguration):
+            raise TypeError(
+                "`project_config` must be a fittrain.ProjectConfiguration or None. Received: "
+                f"project_config={project_config!r:.100} (type {type(project_config).__name__}). For a folder, pass "
+                "project_dir=... or project_config=ProjectConfiguration(project_dir=...).")
+        if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
+            raise TypeError(f"`project_dir` must be a str, an os.PathLike or None. Received: project_dir="
+                            f"{project_dir!r:.100} (type {type(project_dir).__name__}).")
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
@@ -222,14 +230,33 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
         if not isinstance(data_loader, DataLoader):
-            return self._register(self._dataloaders, BatchesShard(
+            shard: PositionedSource = BatchesShard(
                 data_loader, self.device if place else None, self.gradient_state, self.num_processes,
-                self.process_index, even))
+                self.process_index, even)
+            self._check_same_length(len(data_loader), "batches")
+            return self._register(self._dataloaders, shard)
         shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
                                 self.num_processes, self.process_index, self.split_batches, even)
         # Ranks seeded differently would draw different shuffle seeds and overlap: rank 0's wins.
-        shard.position.seed = int(collectives.broadcast_object(shard.position.seed, self.state))
+        shard.position.seed = self._check_same_length(shard.total_dataset_length, "samples", shard.position.seed)
         return self._register(self._dataloaders, shard)
+
+    def _check_same_length(self, length: int, unit: str, seed: int = 0) -> int:
+        """Checks that every process passed a loader of the same length; returns rank 0's `seed`.
+
+        One small collective at prepare time. Loaders of different lengths would give the processes
+        different numbers of batches, and the first process to run out would leave the others
+        waiting in a collective until the timeout, so every process raises the same error instead.
+        """
+        facts = collectives.gather_object((length, int(seed)), self.state)
+        lengths = [n for n, _ in facts]
+        if len(set(lengths)) > 1:
+            listed = ", ".join(f"process {rank}: {n} {unit}" for rank, n in enumerate(lengths))
+            raise ValueError(
+                f"The data loaders prepared on different processes have different lengths ({listed}). Every "
+                "process must pass the same, whole dataset: fittrain gives each process its share. Build the "
+                "dataset identically on every process (same files, same filtering, same seed).")
+        return facts[0][1]
 
     def _is_prepared(self, obj: Any) -> bool:
         pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]
@@ -377,7 +404,8 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         """Waits for a checkpoint still being written, then leaves the process group so the script
         can exit cleanly (also when that write failed, whose error is then raised)."""
         try:
-            self.wait_for_checkpoint()
+            if self._background_checkpoints is not None:
+                self._background_checkpoints.close()
         finally:
             self.state.shutdown()
 

@@ -254,3 +254,12 @@ def test_end_training_is_safe_with_one_process():
     accelerator.end_training()
     accelerator.end_training()
     assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+@pytest.mark.parametrize("kwargs, named", [({"project_config": "outputs"}, "project_config='outputs'"),
+                                           ({"project_dir": 123}, "project_dir=123")])
+def test_a_project_argument_of_the_wrong_type_is_named_at_construction(kwargs: dict, named: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        Accelerator(**kwargs)
+    assert named in str(raised.value)
+    assert "ProjectConfiguration" in str(raised.value) or "os.PathLike" in str(raised.value)

@@ -1,10 +1,14 @@
-"""A 2-process job that goes wrong on purpose: `fail_worker.py raise` or `fail_worker.py stall`.
+"""A 2-process job that goes wrong on purpose: `fail_worker.py raise|stall|uneven`.
 
 raise: rank 1 prints the time and raises while rank 0 waits in a barrier that can never
     complete. The launcher must end the job with rank 1's exit code instead of leaving rank 0
     waiting.
 stall: rank 1 stays alive but never joins rank 0's all-reduce. Rank 0's collective must fail
     after FITTRAIN_COLLECTIVE_TIMEOUT; it reports how long it waited and exits 7.
+uneven: each rank passes a dataset of another length, to `prepare` and then (as a list of
+    batches) to `Trainer.fit`. Both must fail at once on every rank, naming both lengths, instead
+    of hanging in the first collective the shorter rank never reaches; the worker prints each
+    error and exits 8.
 """
 
 from __future__ import annotations
@@ -14,13 +18,43 @@ import time
 
 import torch
 
-from fittrain import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+
+from fittrain import Accelerator, Trainer, TrainModule
 
 STALL_EXIT_CODE = 7
+UNEVEN_EXIT_CODE = 8
+
+
+class _Regressor(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch):
+        return self.net(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def uneven(accelerator: Accelerator) -> int:
+    """Rank r brings 16 - 4r samples: a user error that must be named, not hang."""
+    n = 16 - 4 * accelerator.process_index
+    for name, attempt in (
+            ("prepare", lambda: accelerator.prepare(DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=4))),
+            ("fit", lambda: Trainer(accelerator=accelerator).fit(_Regressor(), list(torch.randn(n // 4, 4, 2))))):
+        try:
+            attempt()
+        except ValueError as error:
+            print(f"rank {accelerator.process_index} {name}: {error}", flush=True)
+    return UNEVEN_EXIT_CODE
 
 
 def main(mode: str) -> int:
     accelerator = Accelerator()
+    if mode == "uneven":
+        return uneven(accelerator)
     if mode == "raise":
         if accelerator.process_index == 1:
             time.sleep(1.0)  # let rank 0 settle into the barrier first
