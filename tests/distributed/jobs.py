@@ -80,7 +80,17 @@ def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT)
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"job still running after {timeout:.0f}s; killed it. Output:\n{output[-6000:]}")
+    _kill_stragglers(proc)
     return Finished(proc.returncode, output, time.monotonic() - started, time.time())
+
+
+def _kill_stragglers(proc: subprocess.Popen) -> None:
+    """Kills what is left of a finished job's process group: a launcher that failed may leave
+    workers behind, which would otherwise run (or wait) forever."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the usual case: the whole group has exited
 
 
 #: Launcher flags whose value is the rendezvous port, and what a port taken by someone else reads like.

@@ -7,7 +7,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from resume_jobs import References, load_script
+from resume_jobs import Job, References, load_script
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +16,13 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> References:
     yield refs
     if refs.job is not None and refs.job.running():
         refs.job.kill_group()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_jobs():
+    """After each test, kills whatever jobs it started that still run."""
+    yield
+    Job.kill_leftovers()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ torch), and each job has a deadline after which its whole process group is kille
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -46,7 +47,14 @@ def job_env() -> dict[str, str]:
 
 
 class Job:
-    """A running subprocess in its own process group, with a deadline."""
+    """A running subprocess in its own process group, with a deadline.
+
+    Every job started is remembered in `Job.started` until `kill_leftovers` (run after each test
+    by an autouse fixture) kills the groups of those still running, so a test that fails half-way
+    never leaves workers behind.
+    """
+
+    started: list["Job"] = []  # a test helper's registry; the session-wide references job is not in it
 
     def __init__(self, args: list[str], timeout: float = JOB_TIMEOUT) -> None:
         self.args = [str(a) for a in args]
@@ -54,6 +62,15 @@ class Job:
         self.output = ""
         self._retried = False
         self._start()
+        Job.started.append(self)
+
+    @classmethod
+    def kill_leftovers(cls) -> None:
+        """Kills the process group of every job started since the last call that still runs."""
+        jobs, cls.started = cls.started, []
+        for job in jobs:
+            if job.running():
+                job.kill_group()
 
     def _start(self) -> None:
         self.started = time.monotonic()
@@ -89,6 +106,7 @@ class Job:
             self._start()
             return self.wait(expect)
         if expect is not None and self.proc.returncode != expect:
+            self.kill_group()  # the main process ended; its workers must not outlive the test
             pytest.fail(f"job exited {self.proc.returncode} (expected {expect}): {' '.join(self.args)}\n"
                         f"{self.output[-6000:]}")
         return self
@@ -102,6 +120,9 @@ class Job:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if self.proc.poll() is None or self.proc.stdout and not self.proc.stdout.closed:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.communicate(timeout=30)  # reap it and close its pipe
 
 
 def train_job(*args: Any) -> list[str]:
@@ -200,6 +221,7 @@ class References:
             for run in self._runs():
                 args += [*run, "--then"]
             self.job = Job([sys.executable, *map(str, args[:-1])])
+            Job.started.remove(self.job)  # shared by the session: its own fixture stops it
 
     def result(self, name: str) -> pathlib.Path:
         return self.root / f"{name}.safetensors"
