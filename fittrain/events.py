@@ -28,7 +28,7 @@ The loop that fires them, in the order `Trainer.fit` runs it::
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -120,11 +120,35 @@ def _overrides(callback: Callback, name: str) -> bool:
     return getattr(type(callback), name, None) is not getattr(Callback, name)
 
 
+def short_repr(value: Any, limit: int = 60) -> str:
+    """`repr(value)` for error messages when it is one short line, else the type's name."""
+    text = repr(value)
+    return text if len(text) <= limit and "\n" not in text else f"<{type(value).__name__}>"
+
+
+def check_callbacks(callbacks: Any) -> list[Callback]:
+    """Returns `callbacks` (None or an iterable of Callback instances) as a new list.
+
+    Raises:
+        TypeError: for a single callback instead of a list, or anything that is not a list of them.
+    """
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        name = type(callbacks).__name__
+        raise TypeError(f"`callbacks` must be a list of callbacks. Received a single callback: callbacks={name}(...). "
+                        f"Pass a list, e.g. callbacks=[{name}(...)].")
+    if isinstance(callbacks, (str, bytes, dict)) or not isinstance(callbacks, Iterable):
+        raise TypeError(f"`callbacks` must be a list of Callback instances, or None. Received: callbacks="
+                        f"{short_repr(callbacks)} ({type(callbacks).__name__}). Pass e.g. callbacks=[GradClip(1.0)].")
+    return list(callbacks)
+
+
 def _check_callback(callback: Any) -> None:
     if not isinstance(callback, Callback):
         raise TypeError(
             "`callbacks` must hold Callback instances. "
-            f"Received: {callback!r} (type {type(callback).__name__}). Subclass fittrain.Callback."
+            f"Received: {short_repr(callback)} (type {type(callback).__name__}). Subclass fittrain.Callback."
         )
     typos = [n for n in dir(type(callback)) if n.startswith("on_") and n not in EVENT_NAMES]
     if typos:

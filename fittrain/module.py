@@ -57,7 +57,14 @@ class TrainModule(nn.Module):
 
     def configure_optimizers(self) -> Any:
         """Returns an optimizer, an (optimizer, scheduler) pair, or a dict with the keys
-        "optimizer" and "lr_scheduler"."""
+        "optimizer" and "lr_scheduler".
+
+        One optimizer, over this module's parameters (several parts: one parameter group each),
+        and at most one `torch.optim.lr_scheduler.LRScheduler` built on it. Lightning's lists of
+        one (`[opt], [sched]`) work too. "lr_scheduler" may be `{"scheduler": s, "interval":
+        "step" or "epoch"}` (also "frequency": 1 and "name"); `monitor` and ReduceLROnPlateau are
+        not supported yet. Anything else is refused when `fit` starts.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement configure_optimizers(self) returning an optimizer, "
             "an (optimizer, scheduler) pair, or {'optimizer': ..., 'lr_scheduler': ...}."

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import pathlib
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -19,12 +21,13 @@ from torch.utils.data import DataLoader
 from .accelerator import Accelerator
 from .batches import check_batches
 from .checkpoint import CHECKPOINTS_DIR, ProjectConfiguration, latest_checkpoint
-from .events import Callback, EventDispatcher
+from .events import Callback, EventDispatcher, check_callbacks
 from .module import TrainModule
 from .parallel import check_strategy
 from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
-from .trainer_parts import (LazyMetrics, ValidationAverager, check_count, extract_loss, make_step_runner,
-                            split_optimizers, warn_once)
+from .trainer_parts import (LazyMetrics, ValidationAverager, check_accelerator, check_count, check_loader,
+                            check_one_checkpointer, check_path, explain_backward_error, extract_loss,
+                            make_step_runner, split_optimizers, warn_once)
 
 
 @dataclasses.dataclass
@@ -46,11 +49,30 @@ class TrainState:
     loss: torch.Tensor | None = None
     should_stop: bool = False
     raw_metrics: LazyMetrics = dataclasses.field(default_factory=LazyMetrics)
+    _warned_loss: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     @property
     def metrics(self) -> dict[str, float]:
         """The latest value of each metric as floats (reading forces the pending device syncs)."""
-        return self.raw_metrics.as_floats()
+        floats = self.raw_metrics.as_floats()
+        self._warn_if_not_finite(floats.get("train_loss"))
+        return floats
+
+    def check_loss(self) -> None:
+        """Warns (once per fit) when the last training loss is NaN or infinite; one device sync."""
+        loss = self.raw_metrics.get("train_loss")
+        if loss is not None:
+            self._warn_if_not_finite(LazyMetrics(train_loss=loss).as_floats()["train_loss"])
+
+    def _warn_if_not_finite(self, loss: float | None) -> None:
+        # Checked where the loss becomes a float anyway, never per step: that would sync the device.
+        if loss is not None and not math.isfinite(loss) and not self._warned_loss:
+            self._warned_loss = True
+            warnings.warn(
+                f"The training loss is {loss} at optimizer step {self.global_step} (epoch {self.epoch}): training "
+                "diverged or a batch holds NaN/inf. Lower the learning rate, clip gradients (GradClip), check the "
+                "data, or stop on it with EarlyStop(monitor='train_loss') and a val_loader. (Checked when metrics "
+                "are read and at each epoch end, not every step; warned once per fit.)", stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
         """The JSON-safe part of the state, for checkpoints."""
@@ -130,9 +152,13 @@ class Trainer:
         if self.max_epochs is None and self.max_steps is None:
             self.max_epochs = 1
         self.val_every_n_epochs = check_count("val_every_n_epochs", val_every_n_epochs)
+        check_path("resume_from", resume_from, optional=True)
+        check_path("project_dir", project_dir)
+        check_accelerator(accelerator)
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
-        self.events = EventDispatcher(list(callbacks or []))
+        self.events = EventDispatcher(check_callbacks(callbacks))
+        check_one_checkpointer(self.callbacks)
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
             accelerator = Accelerator(
@@ -199,6 +225,7 @@ class Trainer:
             self._validate_prepared(self.val_loader)
         if self._scheduler_per_epoch:
             self.scheduler.scheduler.step()
+        self.state.check_loss()
         self.events.fire("on_train_epoch_end", self)
         self.state.epoch += 1
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
@@ -213,7 +240,11 @@ class Trainer:
                 self.state.loss = loss.detach()
                 self.state.raw_metrics["train_loss"] = self.state.loss
                 fire("on_before_backward", self)
-                acc.backward(loss)
+                try:
+                    acc.backward(loss)
+                except RuntimeError as err:  # costs nothing until it raises
+                    explain_backward_error(loss, err)
+                    raise
                 fire("on_after_backward", self)
                 if acc.sync_gradients:
                     fire("on_before_optimizer_step", self)
@@ -239,6 +270,10 @@ class Trainer:
         if config.project_dir is None:
             config.set_directories(self.project_dir)
         path = self.accelerator.save_state()
+        # Every rank exits 75: none leaves before all have saved (torchrun stops the others with
+        # SIGTERM as soon as one exits), and that SIGTERM then finds the signal ignored.
+        self.accelerator.wait_for_everyone()
+        self.preemption.mark_exiting(self.accelerator.use_distributed)
         self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
         raise SystemExit(PREEMPTION_EXIT_CODE)
 
@@ -339,8 +374,10 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"fit() takes a TrainModule. Received: {type(module).__name__}. "
                             "Subclass fittrain.TrainModule and implement training_step and configure_optimizers.")
+        check_loader("train_loader", train_loader)
         for name, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
             if loader is not None and not isinstance(loader, DataLoader):
+                check_loader(name, loader)
                 check_batches(loader, name)
         if len(train_loader) == 0:
             raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "

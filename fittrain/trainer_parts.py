@@ -5,14 +5,18 @@ Kept apart so `trainer.py` reads as the loop and nothing else.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from . import collectives
 from .data import batch_size_of
+from .events import Callback, short_repr
 from .parallel import is_fsdp, unwrap
 
 if TYPE_CHECKING:
@@ -32,6 +36,55 @@ def check_count(name: str, value: Any, optional: bool = False) -> Any:
         allowed = "a positive integer or None" if optional else "a positive integer"
         raise ValueError(f"`{name}` must be {allowed}. Received: {name}={value!r}.")
     return value
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """Raises unless `accelerator` is None or a fittrain.Accelerator."""
+    from .accelerator import Accelerator  # here: accelerator.py is the heavier module
+
+    if accelerator is not None and not isinstance(accelerator, Accelerator):
+        raise TypeError(
+            f"`accelerator` must be a fittrain.Accelerator or None. Received: accelerator={short_repr(accelerator)} "
+            f"({type(accelerator).__name__}). It is not a device name: to train on the CPU pass "
+            "accelerator=Accelerator(cpu=True), or leave it out and the Trainer picks the device.")
+
+
+def check_path(name: str, value: Any, optional: bool = False) -> None:
+    """Raises unless `value` is a str or os.PathLike (or None when `optional`)."""
+    if (value is None and optional) or isinstance(value, (str, os.PathLike)):
+        return
+    allowed = "a str or os.PathLike such as pathlib.Path" + (", or None" if optional else "")
+    raise TypeError(f"`{name}` must be {allowed}. Received: {name}={short_repr(value)} ({type(value).__name__}).")
+
+
+def check_one_checkpointer(callbacks: Sequence[Callback]) -> None:
+    """Refuses two Checkpointers: both would save after the same steps, numbering the same folders."""
+    module = sys.modules.get("fittrain.callbacks.checkpointer")
+    if module is None:  # no Checkpointer exists before its module is imported
+        return
+    found = [cb for cb in callbacks if isinstance(cb, module.Checkpointer)]
+    if len(found) > 1:
+        raise ValueError(
+            f"`callbacks` holds {len(found)} Checkpointers ({', '.join(short_repr(cb, 120) for cb in found)}); each "
+            "would save into the same checkpoints folder, two saves per step. Use one Checkpointer: it takes "
+            "every_n_steps and every_n_epochs together.")
+
+
+def check_loader(name: str, loader: Any) -> None:
+    """Raises a TypeError naming `name` for a loader that is missing or cannot be iterated."""
+    if loader is None or isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
+        raise TypeError(f"`{name}` must be a DataLoader or a list of batches. Received: {name}={short_repr(loader)} "
+                        f"({type(loader).__name__}). Pass e.g. DataLoader(dataset, batch_size=32).")
+
+
+def explain_backward_error(loss: torch.Tensor, error: RuntimeError) -> None:
+    """Raises a ValueError naming training_step when `error` came from a loss without a graph."""
+    if not loss.requires_grad:
+        raise ValueError(
+            f"training_step returned a loss that does not require grad (requires_grad=False, grad_fn=None), so "
+            f"backward cannot train anything. Received: {short_repr(loss.detach())}. It was detached (.detach(), "
+            ".item(), torch.tensor(...)), computed under torch.no_grad(), or every parameter it uses has "
+            "requires_grad=False. Return the loss computed from the module's output.") from error
 
 
 def warn_once(owner: Any, message: str) -> None:
@@ -107,28 +160,129 @@ def _restore_forward(module: nn.Module, original: Any) -> None:
         module.__dict__.pop("forward", None)
 
 
+_TOP_KEYS = ("optimizer", "lr_scheduler")
+_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "name")
+# Lightning's keys for schedulers driven by a metric, which the loop does not do yet.
+_METRIC_KEYS = ("monitor", "strict", "reduce_on_plateau")
+_FORMS = ("an optimizer, an (optimizer, scheduler) pair, or {'optimizer': optimizer, 'lr_scheduler': scheduler "
+          "or {'scheduler': scheduler, 'interval': 'step' or 'epoch'}}")
+
+
 def split_optimizers(module: "TrainModule") -> tuple[torch.optim.Optimizer, Any, bool]:
-    """Interprets `configure_optimizers()`.
+    """Interprets and checks `configure_optimizers()`.
 
     Returns:
         (optimizer, scheduler or None, whether the scheduler steps per epoch instead of per step).
+
+    Raises:
+        TypeError, ValueError: naming what was returned, for anything but one optimizer over the
+            module's own parameters and at most one LR scheduler on that optimizer.
     """
     result = module.configure_optimizers()
-    scheduler: Any = None
-    if isinstance(result, dict):
-        optimizer, scheduler = result.get("optimizer"), result.get("lr_scheduler")
-    elif isinstance(result, (tuple, list)) and len(result) == 2:
-        optimizer, scheduler = result
-    else:
-        optimizer = result
-    per_epoch = False
-    if isinstance(scheduler, dict):  # Lightning-style {"scheduler": s, "interval": "epoch"|"step"}
-        per_epoch = scheduler.get("interval", "step") == "epoch"
-        scheduler = scheduler.get("scheduler")
+    optimizer, scheduler = _unpack(result)
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError("configure_optimizers must return an optimizer, an (optimizer, scheduler) pair, or "
-                        f"{{'optimizer': ..., 'lr_scheduler': ...}}. Received: {result!r}.")
+        raise TypeError(f"configure_optimizers must return {_FORMS}. Received: {describe(result)}.")
+    scheduler, per_epoch = _unpack_scheduler(scheduler)
+    _check_scheduler(scheduler, optimizer)
+    _check_owned(optimizer, module)
     return optimizer, scheduler, per_epoch
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """A one-line summary of a returned structure: short values as repr, objects by type name."""
+    if isinstance(value, (tuple, list)) and depth < 2:
+        inner = ", ".join(describe(v, depth + 1) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, dict) and depth < 2:
+        return "{" + ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(value.items())[:6]) + "}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return short_repr(value, 40)
+    return type(value).__name__
+
+
+def _one(value: Any) -> Any:
+    """Lightning's lists of one, as in `return [opt], [sched]`, stand for the item itself."""
+    if isinstance(value, (tuple, list)) and len(value) <= 1:
+        return value[0] if value else None
+    return value
+
+
+def _unpack(result: Any) -> tuple[Any, Any]:
+    if isinstance(result, dict):
+        _check_keys(result, _TOP_KEYS, "the dict configure_optimizers returned")
+        return result.get("optimizer"), result.get("lr_scheduler")
+    if not isinstance(result, (tuple, list)):
+        return result, None
+    items = [_one(item) for item in result]
+    nested = [x for item in items for x in (item if isinstance(item, (tuple, list)) else [item])]
+    nested = [x.get("optimizer") if isinstance(x, dict) else x for x in nested]  # Lightning's list of dicts
+    optimizers = {id(x) for x in nested if isinstance(x, torch.optim.Optimizer)}
+    if len(optimizers) > 1:
+        raise ValueError(
+            f"configure_optimizers returned {len(optimizers)} optimizers: {describe(result)}. The Trainer supports "
+            "one optimizer today. Use one optimizer with a parameter group per part, e.g. torch.optim.Adam(["
+            "{'params': self.a.parameters()}, {'params': self.b.parameters(), 'lr': 1e-4}]), or, for alternating "
+            "updates such as a GAN, write the loop by hand with fittrain.Accelerator, preparing both optimizers.")
+    if len(items) > 2:
+        raise TypeError(f"configure_optimizers must return {_FORMS}. Received {len(items)} items: {describe(result)}.")
+    return items[0], (items[1] if len(items) == 2 else None)
+
+
+def _check_keys(spec: dict, allowed: tuple[str, ...], where: str) -> None:
+    for key in spec:
+        if key in _METRIC_KEYS:
+            raise ValueError(
+                f"{key!r} in {where} is not supported yet: the Trainer steps the scheduler every step or epoch, "
+                f"never on a metric. Received: {key}={describe(spec[key])}. Remove it, and use a scheduler that "
+                "needs no metric (not ReduceLROnPlateau).")
+        if key not in allowed:
+            raise ValueError(f"Unknown key {describe(key)} in {where}. Allowed keys: {', '.join(allowed)}.")
+
+
+def _unpack_scheduler(spec: Any) -> tuple[Any, bool]:
+    """The scheduler and whether it steps per epoch, from a scheduler or Lightning's dict form."""
+    if not isinstance(spec, dict):
+        return spec, False
+    where = "the lr_scheduler dict configure_optimizers returned"
+    _check_keys(spec, _SCHEDULER_KEYS, where)
+    if "scheduler" not in spec:
+        raise ValueError(f"{where} has no 'scheduler' key. Received: {describe(spec)}. "
+                         "Return {'scheduler': scheduler, 'interval': 'step'}.")
+    interval, frequency = spec.get("interval", "step"), spec.get("frequency", 1)
+    if interval not in ("step", "epoch"):
+        raise ValueError(f"`interval` in {where} must be 'step' or 'epoch'. Received: interval={describe(interval)}.")
+    if frequency != 1 or isinstance(frequency, bool):
+        raise ValueError(f"`frequency` in {where} other than 1 is not supported yet. Received: frequency="
+                         f"{describe(frequency)}. Remove it; the scheduler then steps every {interval}.")
+    return spec["scheduler"], interval == "epoch"
+
+
+def _check_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    if scheduler is None:
+        return
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau returned by configure_optimizers is not supported yet: it needs a "
+                         "metric at each step, and the Trainer steps schedulers without one. Use a scheduler that "
+                         "needs no metric, such as CosineAnnealingLR or StepLR.")
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise TypeError(f"The scheduler returned by configure_optimizers must be an LR scheduler (a torch.optim."
+                        f"lr_scheduler.LRScheduler such as StepLR). Received: {describe(scheduler)}.")
+    if scheduler.optimizer is not optimizer:
+        raise ValueError(f"The scheduler returned by configure_optimizers ({type(scheduler).__name__}) was built on "
+                         "another optimizer than the one returned with it. Build it on that optimizer.")
+
+
+def _check_owned(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """Refuses parameters that are not the module's: the Trainer would not move, wrap or save them."""
+    owned = {id(p) for p in module.parameters()}
+    foreign = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in owned]
+    if foreign:
+        shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"configure_optimizers returned a {type(optimizer).__name__} over {len(foreign)} parameter(s) that are "
+            f"not parameters of {type(module).__name__} (shapes {shapes}). Training would not change the module, "
+            "and checkpoints would not hold them. Build the optimizer from self.parameters(), and make any other "
+            "trained tensor a submodule or nn.Parameter of the module.")
 
 
 class LazyMetrics(dict):

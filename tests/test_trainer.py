@@ -253,3 +253,21 @@ def test_repeated_validate_prepares_the_loader_once(tmp_path):
     first = trainer.validate(module, val)
     assert trainer.validate(module, val) == first
     assert len(trainer.accelerator._dataloaders) == 1
+
+
+@pytest.mark.parametrize("form", ["list", "lists", "lightning_dict"])
+def test_lightning_forms_of_configure_optimizers(tmp_path, form):
+    """Lightning's lists of one (`[opt]`, `[opt], [sched]`) and its scheduler dict with a name work."""
+
+    class Lightning(Regressor):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            return {"list": [opt], "lists": ([opt], [sched]),
+                    "lightning_dict": {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch",
+                                                                          "frequency": 1, "name": "lr"}}}[form]
+
+    trainer = Trainer(max_epochs=2, project_dir=tmp_path)
+    trainer.fit(Lightning(), make_loader(n=8, batch_size=4))  # 2 optimizer steps an epoch
+    halvings = {"list": 0, "lists": 4, "lightning_dict": 2}[form]
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** halvings)
