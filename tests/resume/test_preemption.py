@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
+import re
 import signal
 import subprocess
 import time
@@ -17,9 +19,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from resume_jobs import OTHER_SEED, Job, assert_bitwise_equal, load_summary, train_job
+from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
 from fittrain import Callback, Trainer
-from fittrain.preemption import PREEMPTION_EXIT_CODE, ignore_preemption_signals
+from fittrain.preemption import PREEMPTION_EXIT_CODE, PreemptionWatcher, ignore_preemption_signals
 from fittrain.storage import list_checkpoints
 
 
@@ -119,6 +121,20 @@ def test_preemption_signals_are_configurable(tmp_path, train_job_module, custom_
         Trainer(preemption_signals=("SIGNOPE",))
 
 
+def test_after_a_multi_process_preemption_default_handlers_become_ignore(custom_handlers):
+    """A rank exiting 75 ignores a further SIGTERM (torchrun's to the survivors) instead of dying of it;
+    a handler the program installed itself is still restored."""
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    with PreemptionWatcher() as watcher:
+        watcher.mark_exiting(multi_process=True)
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is custom_handlers[signal.SIGTERM]
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    with PreemptionWatcher() as watcher:
+        watcher.mark_exiting(multi_process=False)  # one process: nobody signals it again
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
 class _SignalGroupAt(Callback):
     """After the given optimizer step, sends SIGTERM to this process and its DataLoader workers,
     as a scheduler that signals the whole process group does (without touching other children)."""
@@ -197,3 +213,45 @@ def test_preemption_saves_even_after_a_failed_background_write(tmp_path, train_j
             _fit(train_job_module, tmp_path, callbacks)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE and len(calls) == 2
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_1"]
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (for torchrun: its worker processes), from Linux's /proc."""
+    listing = pathlib.Path(f"/proc/{pid}/task/{pid}/children")
+    if not listing.exists():
+        pytest.skip("needs /proc/<pid>/task/<pid>/children (Linux) to find torchrun's workers")
+    return [int(child) for child in listing.read_text().split()]
+
+
+def _worker_exit_codes(torchrun_output: str) -> dict[int, int]:
+    """Each failed worker's exit code, from the summary torchrun prints when a worker exits non-zero
+    (after stopping the others it lists every worker that ended non-zero, SIGTERM deaths as -15)."""
+    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", torchrun_output)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def test_sigterm_in_a_two_process_run_exits_75_on_every_rank(tmp_path):
+    """SIGTERM to one worker of a 2-process torchrun job: both ranks save one checkpoint together
+    and every rank exits 75. Rank 1 lingers on its way out, so torchrun, which signals the ranks still
+    alive as soon as rank 0 has exited, always hits it during its teardown: it must exit 75, not -15."""
+    project, progress = tmp_path / "run", tmp_path / "progress"
+    # 400 samples, batch 4, 2 ranks, accumulation 2: 25 optimizer steps per epoch. The ranks agree
+    # on a stop every 10 steps (PreemptionWatcher.check_every), so the save lands at step 10 or 20.
+    job = Job(torchrun(2, TRAIN_JOB, "--project", project, "--progress", progress, "--batch-sleep", 0.05,
+                       "--samples", 400, "--patience", 100, "--exit-linger", 2))
+    try:
+        deadline = time.monotonic() + 120
+        while not (progress.exists() and int(progress.read_text() or 0) >= 3):
+            assert job.running() and time.monotonic() < deadline, job.wait(expect=None).output[-3000:]
+            time.sleep(0.01)
+        workers = _children(job.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGTERM)
+        job.wait(expect=None)
+    finally:
+        job.kill_group()
+    assert _worker_exit_codes(job.output) == {0: PREEMPTION_EXIT_CODE, 1: PREEMPTION_EXIT_CODE}, job.output[-4000:]
+    saved = list_checkpoints(project / "checkpoints")
+    assert len(saved) == 1, saved
+    state = torch.load(saved[0] / "custom_checkpoint_0.pt", weights_only=True)  # the TrainState
+    assert state["global_step"] in (10, 20), state

@@ -99,7 +99,7 @@ class Trace(Callback):
         if trainer.accelerator.sync_gradients:
             self.losses.append((trainer.state.global_step, trainer.state.loss.item()))
             if self.progress is not None:
-                tmp = self.progress.with_suffix(".tmp")
+                tmp = self.progress.with_suffix(f".tmp{os.getpid()}")  # every rank writes it
                 tmp.write_text(str(trainer.state.global_step))
                 os.replace(tmp, self.progress)
         if self.sleep:
@@ -180,9 +180,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--checkpoint-limit", type=int, help="Checkpointer's total_limit")
     parser.add_argument("--resume", help="resume_from: a checkpoint folder or 'latest'")
     parser.add_argument("--wait-for", help="after importing, wait until this file exists before training")
+    parser.add_argument("--wait-timeout", type=float, default=300.0,
+                        help="seconds to wait for --wait-for (longer than any test's deadline) before giving up")
     parser.add_argument("--progress", help="file that holds the last optimizer step taken")
     parser.add_argument("--batch-sleep", type=float, default=0.0, help="seconds to sleep after each batch")
     parser.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep after each file saved")
+    parser.add_argument("--exit-linger", type=float, default=0.0,
+                        help="when fit exits (SystemExit), ranks other than 0 wait this long first: a slow teardown")
     parser.add_argument("--no-rng-restore", action="store_true",
                         help="negative control: skip restoring RNG states on resume (must break exactness)")
     return parser.parse_args(argv)
@@ -223,7 +227,11 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.wait_for:
         # Importing is most of a job's cost; a test starts the next job early and lets it train later.
+        # Bounded, so a job whose test died before creating the file does not wait forever.
+        deadline = time.monotonic() + args.wait_timeout
         while not os.path.exists(args.wait_for):
+            if time.monotonic() > deadline:
+                sys.exit(f"--wait-for {args.wait_for} did not appear within {args.wait_timeout:g} s; giving up.")
             time.sleep(0.01)
     if args.slow_save:
         slow_down_saves(args.slow_save)
@@ -231,7 +239,13 @@ def main() -> None:
         import fittrain.checkpoint
 
         fittrain.checkpoint.restore_rng_state = lambda state: None
-    run(args)
+    try:
+        run(args)
+    except SystemExit:
+        # torchrun signals the ranks still alive once one has exited: this rank is such a rank.
+        if args.exit_linger and os.environ.get("RANK", "0") != "0":
+            time.sleep(args.exit_linger)
+        raise
 
 
 if __name__ == "__main__":
