@@ -1,6 +1,7 @@
 """fittrain: an Accelerate-compatible training core and a callback-based Trainer.
 
-Re-exports only; see DESIGN.md for the public contract.
+Re-exports only. The architecture is described in docs/design.md, and the public API in the user
+docs it links to (docs/index.md).
 """
 
 from .accelerator import Accelerator
