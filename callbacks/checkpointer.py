@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from fittrain.events import Callback
@@ -16,6 +19,26 @@ def _check_count(name: str, value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`Checkpointer({name}=...)` must be a positive integer or None. Received: {name}={value!r}.")
     return value
+
+
+def _check_writable(folder: pathlib.Path) -> None:
+    """Creates `folder` and a probe file in it, so an unwritable folder fails now, not at the first save.
+
+    Raises:
+        OSError: of the same kind and errno as the failure, naming the folder and the fix.
+    """
+    probe = folder / f".write-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"Checkpointer cannot write checkpoints to {str(folder)!r}: {err.strerror or err}. Pass a "
+            "writable project_dir to the Trainer (or to the Accelerator's ProjectConfiguration), or make "
+            "that folder writable.",
+        ) from err
 
 
 class Checkpointer(Callback):
@@ -68,7 +91,8 @@ class Checkpointer(Callback):
         self._last_saved_step: int | None = None
 
     def on_fit_start(self, trainer: "Trainer") -> None:
-        """Switches the Accelerator to automatic checkpoint naming, which a user's Accelerator may lack."""
+        """Switches the Accelerator to automatic checkpoint naming, which a user's Accelerator may lack,
+        and checks that the checkpoint folder is writable before the first step, not at the first save."""
         config = trainer.accelerator.project_configuration
         config.automatic_checkpoint_naming = True
         if config.project_dir is None:
@@ -76,6 +100,7 @@ class Checkpointer(Callback):
         if self.total_limit is not None:
             config.total_limit = self.total_limit
         self.last_checkpoint, self._seen_step, self._last_saved_step = None, 0, None
+        _check_writable(config.checkpoints_dir)  # every process writes files there
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """Notes the current step: a resumed run starts at its checkpoint's step, which is no new step."""

@@ -26,8 +26,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import checkpoint_checks as checks
+from .checkpoint_checks import check_model_states  # noqa: F401  (load_state calls it from here)
 from .rng import capture_rng_state, restore_rng_state
-from .storage import CheckpointError, CheckpointReader, CheckpointWriter, atomic_checkpoint, list_checkpoints
+from .storage import (CheckpointDeletedError, CheckpointError, CheckpointReader, CheckpointWriter,
+                      atomic_checkpoint, list_checkpoints)
+from .temp_folders import TempFolder, raise_if_no_space, reserve_numbered
 
 CHECKPOINTS_DIR = "checkpoints"
 PREFIX = "checkpoint_"
@@ -62,6 +66,13 @@ class ProjectConfiguration:
             raise ValueError(
                 f"`total_limit` must be a positive int or None. Received: total_limit={self.total_limit!r}."
             )
+        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
+            # A negative number names a folder (`checkpoint_-3`) that "latest" never finds.
+            raise ValueError(
+                "`ProjectConfiguration(iteration=...)` must be an int >= 0, the number of the next "
+                f"automatic checkpoint. Received: iteration={self.iteration!r:.80}. Pass 0 to start "
+                "from checkpoint_0 (existing checkpoints are never overwritten)."
+            )
         self.set_directories(self.project_dir)
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
@@ -81,6 +92,22 @@ class ProjectConfiguration:
         self.iteration = max([self.iteration, *(i + 1 for i in existing)])
         return self.checkpoints_dir / f"{PREFIX}{self.iteration}"
 
+    def reserve_next_checkpoint(self) -> TempFolder:
+        """Claims the temporary folder of the next automatic checkpoint (on the main process).
+
+        The number is the first from `next_checkpoint_dir()`'s on that neither names a folder nor
+        is being written by another live writer (another job, another Accelerator), so writers
+        sharing the project never pick the same number. `iteration` moves past it.
+
+        Returns:
+            The claimed folder; its `number` names the checkpoint. Commit it with `write_checkpoint`,
+            or `release()` it.
+        """
+        self.next_checkpoint_dir()  # moves `iteration` past the existing folders
+        reserved = reserve_numbered(self.checkpoints_dir, PREFIX, self.iteration)
+        self.iteration = reserved.number + 1
+        return reserved
+
     def after_load(self, loaded: pathlib.Path) -> None:
         """Continues automatic numbering after the checkpoint just loaded."""
         name = loaded.name
@@ -96,6 +123,44 @@ class ProjectConfiguration:
             shutil.rmtree(stale, ignore_errors=True)
         for old in list_checkpoints(root, PREFIX)[:-self.total_limit]:
             _delete_checkpoint(old)
+
+
+def reserve_target(config: ProjectConfiguration, is_main_process: bool,
+                   share: Callable[[Any], Any]) -> tuple[pathlib.Path, TempFolder | None]:
+    """Reserves the next automatic checkpoint folder on the main process and tells every process.
+
+    Args:
+        config: The project's configuration (automatic naming).
+        is_main_process: Whether this process reserves the folder.
+        share: Returns the main process's value on every process (a broadcast).
+
+    Returns:
+        The checkpoint folder, and on the main process the temporary folder it claimed.
+
+    Raises:
+        OSError: The reservation failed (a full disk names the folder); on the other processes a
+            `CheckpointError` repeats its message, so no process waits for the others in vain.
+    """
+    reserved, failure = None, None
+    if is_main_process:
+        try:
+            reserved = config.reserve_next_checkpoint()
+        except Exception as err:
+            failure = err
+    try:
+        number, message = share((reserved and reserved.number, failure and str(failure)))
+    except BaseException:
+        if reserved is not None:
+            reserved.release()
+        raise
+    if failure is not None:
+        raise_if_no_space(failure, config.checkpoints_dir)
+        raise failure
+    if message is not None:
+        raise CheckpointError(f"The main process could not reserve the next checkpoint folder under "
+                              f"{config.checkpoints_dir}: {message}")
+    config.iteration = number + 1
+    return config.checkpoints_dir / f"{PREFIX}{number}", reserved
 
 
 _DELETING = ".deleting"
@@ -116,23 +181,102 @@ def _delete_checkpoint(folder: pathlib.Path) -> None:
     shutil.rmtree(hidden, ignore_errors=True)
 
 
-def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None]) -> pathlib.Path:
+def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
+                      damaged: set[pathlib.Path] | None = None) -> pathlib.Path:
     """The newest intact `checkpoint_{i}` under `root`, warning about damaged newer ones.
 
     Every file of a candidate is checked against its manifest (size and CRC32); the warning for a
-    folder passed over names the file that failed.
+    folder passed over names the file that failed. A folder that vanishes while it is checked was
+    pruned by a run still saving, which commits a newer one first: the listing is read again,
+    without a warning.
+
+    Args:
+        root: The folder holding the checkpoints.
+        warn: Called with the warning for each damaged folder passed over.
+        damaged: Folders already known to be damaged, passed over without a look; the damaged
+            folders found are added to it.
 
     Raises:
         FileNotFoundError: when `root` holds no intact checkpoint.
     """
-    for folder in reversed(list_checkpoints(root, PREFIX)):
+    damaged = set() if damaged is None else damaged
+    for _ in range(_LISTINGS):
+        found, vanished = _newest_intact(list_checkpoints(root, PREFIX), warn, damaged)
+        if found is not None or not vanished:
+            break
+    if found is None:
+        raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
+    return found
+
+
+def load_newest(root: pathlib.Path, warn: Callable[[str], None], load: Callable[[pathlib.Path], Any]) -> Any:
+    """Loads the newest loadable checkpoint under `root` with `load`, and returns what it returns.
+
+    A folder whose files prove damaged only when `load` reads them (their checksums match, but a
+    file is refused, such as a planted pickle) is passed over with a warning, like one that fails
+    its checksums; one pruned meanwhile is passed over silently. `load` changes nothing when it
+    raises, so the next older folder can be tried.
+
+    Raises:
+        FileNotFoundError: when no loadable checkpoint is left.
+        CheckpointMismatchError: when the newest intact checkpoint does not fit this run (an older
+            one would not either).
+    """
+    damaged: set[pathlib.Path] = set()
+    pruned = 0
+    while True:  # each turn adds a folder to `damaged` or counts a pruned one: it ends
+        folder = latest_checkpoint(root, warn, damaged)
         try:
-            CheckpointReader(folder).verify()
-            return folder
+            return load(folder)
+        except checks.CheckpointMismatchError:
+            raise
+        except (CheckpointDeletedError, FileNotFoundError):
+            pruned += 1  # pruned after it was chosen: a newer one exists, so choose again
+            if pruned >= _LISTINGS:
+                raise
+        except CheckpointError as err:
+            damaged.add(folder)
+            warn(f"Skipping checkpoint {folder}: it is damaged, so an older one is used. Detail: {err}")
+
+
+# How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
+_LISTINGS = 20
+_META = "accelerator_state.json"
+
+
+def _verify(reader: CheckpointReader) -> None:
+    """Checks every file's checksum, and that accelerator_state.json is there and well formed.
+
+    That file is small and parsed here too, so a garbled one (with a matching checksum) counts as
+    damage, which "latest" skips, rather than failing the load that would follow.
+    """
+    reader.verify()
+    if not reader.has(_META):
+        raise CheckpointError(f"Checkpoint {reader.path} is incomplete: it has no {_META}.")
+    checks.check_meta_fields(reader.path / _META, reader.read_json(_META))
+
+
+def _newest_intact(folders: list[pathlib.Path], warn: Callable[[str], None],
+                   damaged: set[pathlib.Path]) -> tuple[pathlib.Path | None, bool]:
+    """The newest intact folder of `folders` (or None), and whether one vanished while checked.
+
+    Folders in `damaged` are skipped; newly found damaged ones are added and warned about once.
+    """
+    for folder in reversed(folders):
+        if folder in damaged:
+            continue
+        try:
+            _verify(CheckpointReader(folder))
+            return folder, False
+        except CheckpointDeletedError:
+            return None, True
+        except FileNotFoundError:
+            return None, True  # renamed away between the listing and the first look
         except (CheckpointError, OSError) as err:
+            damaged.add(folder)
             warn(f"Skipping checkpoint {folder}: it is incomplete or damaged, so an older one is used. "
                  f"Detail: {err}")
-    raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
+    return None, False
 
 
 def _indexed(base: str, i: int, ext: str) -> str:
@@ -242,14 +386,17 @@ def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
 
 
 def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Callable[[], None],
-                     after_commit: Callable[[], None] | None = None) -> None:
+                     after_commit: Callable[[], None] | None = None, reserved: TempFolder | None = None) -> None:
     """Writes a snapshot as a complete checkpoint folder (atomically), then runs `after_commit`.
 
     Every process calls it with the same `folder`; `barrier` synchronises them (on the thread
     this runs on). `after_commit`, such as pruning old checkpoints, runs only once the folder is
-    in place, so a failed save never deletes an older checkpoint.
+    in place, so a failed save never deletes an older checkpoint. `reserved` is the main process's
+    claim from `ProjectConfiguration.reserve_next_checkpoint` (automatic naming): the folder is
+    then committed without ever replacing one. Without it an existing `folder` is replaced.
     """
-    with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier) as writer:
+    with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier,
+                           reserved=reserved) as writer:
         write_snapshot(writer, snapshot)
     if after_commit is not None:
         after_commit()
@@ -257,92 +404,112 @@ def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Cal
 
 def _require(reader: CheckpointReader, name: str, what: str) -> None:
     if not reader.has(name):
-        raise CheckpointError(
+        raise checks.CheckpointMismatchError(
             f"Checkpoint {reader.path} has no {name}, but this run has {what}. Prepare the same models, "
             "optimizers and schedulers, in the same order, as the run that saved it."
         )
 
 
-def _check_optimizer_fits(path: pathlib.Path, live: Any, saved: Any) -> None:
-    """Raises before anything is loaded when the saved optimizer has other parameter groups."""
-    groups = saved.get("param_groups") if isinstance(saved, dict) else None
-    live_sizes = [len(g["params"]) for g in live.param_groups]
-    saved_sizes = [len(g.get("params", ())) for g in groups] if isinstance(groups, list) else None
-    if saved_sizes != live_sizes:
-        raise CheckpointError(
-            f"Checkpoint file {str(path)!r} holds an optimizer with parameter groups of sizes {saved_sizes}, "
-            f"but the prepared optimizer has {live_sizes}. Nothing was loaded. Prepare the same optimizers, "
-            "over the same parameters, as the run that saved it.")
+def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any:
+    """Reads and checks every rank's RNG file (small), returning this rank's state.
 
-
-def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
-    """Reads and verifies every file this process needs, without changing any live object.
-
-    Every optimizer is checked against its file, so a checkpoint with other parameter groups fails
-    here instead of half-way through `apply_state` (models: `check_model_states`).
-
-    Returns:
-        The loaded pieces, to hand to `apply_state` once all of them proved intact.
+    Every rank checks them all, so that every rank finds the same checkpoint damaged or intact
+    and, when loading the newest, all of them pass over the same ones.
     """
-    names = {
+    mine = None
+    for i in range(processes):
+        name = f"random_states_{i}.pt"
+        if not reader.has(name):
+            raise CheckpointError(f"Checkpoint {reader.path} has no {name}, but its {_META} says it was saved by "
+                                  f"{processes} processes. The checkpoint is damaged; load an earlier one.")
+        state = reader.read_torch(name)
+        checks.check_rng(reader.path / name, state)
+        mine = state if i == rank else mine
+    return mine
+
+
+def _read_meta(reader: CheckpointReader, live: dict[str, Any]) -> dict[str, Any]:
+    """Reads and checks accelerator_state.json first: it says whether this run can resume at all."""
+    if not reader.has(_META):
+        raise CheckpointError(
+            f"Checkpoint {reader.path} has no {_META}, which holds the step counter, the data positions and "
+            "the process count; without it a resume cannot continue exactly. Nothing was loaded. Load a "
+            "checkpoint that save_state wrote completely.")
+    meta = reader.read_json(_META)
+    checks.check_meta(reader.path / _META, meta, live)
+    return meta
+
+
+def _file_names(parts: StateParts) -> dict[str, list[str]]:
+    return {
         "models": [_indexed("model", i, "safetensors") for i in range(len(parts.model_state_dicts))],
         "optimizers": [_indexed("optimizer", i, "pt") for i in range(len(parts.optimizers))],
         "schedulers": [_indexed("scheduler", i, "pt") for i in range(len(parts.schedulers))],
         "custom": [f"custom_checkpoint_{i}.pt" for i in range(len(parts.custom))],
     }
+
+
+def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
+    """Reads and checks every file this process needs, without changing any live object.
+
+    accelerator_state.json comes first (another process count or precision is refused before the
+    large files are read). Every piece is then checked against what loads it: optimizers against
+    the prepared ones, the RNG state on fresh generators, the data positions' fields, so that
+    `apply_state` cannot fail half-way (models: `check_model_states`).
+
+    Returns:
+        The loaded pieces, to hand to `apply_state` once all of them proved intact.
+    """
+    meta = _read_meta(reader, parts.accelerator_state)
+    names = _file_names(parts)
     for kind, files in names.items():
         for name in files:
             _require(reader, name, f"a matching entry among its {kind}")
-    rng_name = f"random_states_{rank}.pt"
-    _require(reader, rng_name, f"a process of rank {rank}")
     loaded = {
         "models": [reader.read_tensors(n) for n in names["models"]],
         "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
         "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
         "custom": [reader.read_torch(n) for n in names["custom"]],
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
-        "rng": reader.read_torch(rng_name),
-        "meta": reader.read_json("accelerator_state.json") if reader.has("accelerator_state.json") else {},
+        "rng": _read_rng_states(reader, meta["num_processes"], rank),
+        "meta": meta, "folder": reader.path, "names": names,
     }
-    for name, live, saved in zip(names["optimizers"], parts.optimizers, loaded["optimizers"]):
-        _check_optimizer_fits(reader.path / name, live, saved)
+    _check_loaded(reader.path, loaded, parts)
     return loaded
 
 
-def check_model_states(folder: pathlib.Path, loaded: Sequence[dict[str, torch.Tensor]],
-                       live: Sequence[dict[str, torch.Tensor]]) -> None:
-    """Refuses saved weights whose keys or shapes differ from the live models', before any is applied.
-
-    Raises:
-        CheckpointError: naming the file and the first mismatching keys.
-    """
-    for i, (saved, current) in enumerate(zip(loaded, live)):
-        missing = sorted(set(current) - set(saved))
-        unexpected = sorted(set(saved) - set(current))
-        reshaped = sorted(k for k in set(saved) & set(current) if tuple(saved[k].shape) != tuple(current[k].shape))
-        problems = [f"{label}: {keys[:5]}" for label, keys in (
-            ("missing keys", missing), ("unexpected keys", unexpected), ("different shapes", reshaped)) if keys]
-        if problems:
-            raise CheckpointError(
-                f"Checkpoint file {folder / _indexed('model', i, 'safetensors')} does not fit model {i} "
-                f"({'; '.join(problems)}). Nothing was loaded. Load a checkpoint saved from the same architecture.")
+def _check_loaded(folder: pathlib.Path, loaded: dict[str, Any], parts: StateParts) -> None:
+    names, n = loaded["names"], len(parts.optimizers)
+    types = loaded["meta"].get("optimizer_types")  # absent from checkpoints of older versions
+    if not (isinstance(types, list) and len(types) == n):
+        types = [None] * n
+    for name, live, saved, saved_type in zip(names["optimizers"], parts.optimizers, loaded["optimizers"], types):
+        checks.check_optimizer(folder / name, live, saved, saved_type if isinstance(saved_type, str) else None)
+    for name, state in zip(names["schedulers"], loaded["schedulers"]):
+        checks.check_dict(folder / name, state, "an LR scheduler")
+    if loaded["scaler"]:
+        checks.check_scaler(folder / "scaler.pt", loaded["scaler"], parts.precision.state_dict())
 
 
 def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None],
                 load_optimizer: Callable[[int, dict], None]) -> None:
     """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
 
-    Models and optimizers load through callables, which reshard full states under FSDP2.
+    Schedulers and registered objects load first, all or none: their own load_state_dict may still
+    refuse a state that `read_state` could not judge, and then the ones already loaded get their
+    previous state back and `CheckpointError` names the file, before any model, optimizer or RNG
+    is touched. What follows was fully checked by `read_state`. Models and optimizers load through
+    callables, which reshard full states under FSDP2.
     """
+    names = loaded["names"]
+    checks.load_all_or_none(loaded["folder"], [
+        *zip(names["schedulers"], parts.schedulers, loaded["schedulers"]),
+        *zip(names["custom"], parts.custom, loaded["custom"])])
+    parts.precision.load_state_dict(loaded["scaler"])
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
     for i, state in enumerate(loaded["optimizers"]):
         load_optimizer(i, state)
-    for obj, state in zip(parts.schedulers, loaded["schedulers"]):
-        obj.load_state_dict(state)
-    for obj, state in zip(parts.custom, loaded["custom"]):
-        obj.load_state_dict(state)
-    parts.precision.load_state_dict(loaded["scaler"])
-    for dl, state in zip(parts.dataloaders, loaded["meta"].get("dataloaders", [])):
+    for dl, state in zip(parts.dataloaders, loaded["meta"]["dataloaders"]):
         dl.load_state_dict(state)
     restore_rng_state(loaded["rng"])

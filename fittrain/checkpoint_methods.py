@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from . import checkpoint, parallel
+from . import checkpoint, collectives, parallel
 from .async_checkpoint import BackgroundCheckpoints
 from .checkpoint import ProjectConfiguration, StateParts
 from .precision import FullPrecision
@@ -50,14 +50,20 @@ class CheckpointMethods:
                 )
         self._custom_objects.extend(objects)
 
-    def _state_parts(self) -> StateParts:
+    def _state_parts(self, gather: bool = True) -> StateParts:
+        """The live objects a checkpoint covers; `gather=False` (for loading) skips collecting their
+        state dicts, leaving empty placeholders, one per model and optimizer."""
+        models, optimizers = self._models, self._optimizers
         return StateParts(
-            model_state_dicts=[self.get_state_dict(m) for m in self._models],
-            optimizer_state_dicts=[parallel.optimizer_state_dict(o, self._models) for o in self._optimizers],
-            optimizers=self._optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
+            model_state_dicts=[self.get_state_dict(m) for m in models] if gather else [{} for _ in models],
+            optimizer_state_dicts=([parallel.optimizer_state_dict(o, models) for o in optimizers] if gather
+                                   else [{} for _ in optimizers]),
+            optimizers=optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
             custom=self._custom_objects, precision=self.precision,
+            # The optimizers' classes let a load refuse another optimizer's state by name.
             accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
-                               "mixed_precision": self.mixed_precision})
+                               "mixed_precision": self.mixed_precision,
+                               "optimizer_types": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers]})
 
     # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
     _background_checkpoints: BackgroundCheckpoints | None = None
@@ -83,25 +89,33 @@ class CheckpointMethods:
         """
         self.wait_for_checkpoint()
         config = self.project_configuration
+        reserved = None
         if config.automatic_checkpoint_naming:
-            target = config.next_checkpoint_dir()
-            config.iteration += 1  # now: a background write must not let the next save reuse the number
+            # Claimed now, on this thread: another writer of the project (a job, an Accelerator)
+            # never gets this number, and a background write needs none of its own.
+            target, reserved = checkpoint.reserve_target(
+                config, self.is_main_process, lambda obj: collectives.broadcast_object(obj, self.state))
         elif output_dir is None:
             raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
                              "automatic_checkpoint_naming=True. Received: output_dir=None.")
         else:
             target = pathlib.Path(output_dir)
-        if async_save and self._background_checkpoints is None:
-            self._background_checkpoints = BackgroundCheckpoints(self.state)
-        stage = self._background_checkpoints.stager() if async_save else None
-        # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
-        snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
-        prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
-        if async_save:
-            self._background_checkpoints.start(
-                target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune))
-        else:
-            checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune)
+        try:
+            if async_save and self._background_checkpoints is None:
+                self._background_checkpoints = BackgroundCheckpoints(self.state)
+            stage = self._background_checkpoints.stager() if async_save else None
+            # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
+            snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
+            prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
+            if async_save:
+                self._background_checkpoints.start(
+                    target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune, reserved))
+            else:
+                checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune, reserved)
+        except BaseException:
+            if reserved is not None:
+                reserved.release()  # does nothing once the folder is committed
+            raise
         return os.fspath(target)
 
     def wait_for_checkpoint(self) -> None:
@@ -121,33 +135,38 @@ class CheckpointMethods:
         """Restores everything `save_state` saved. Data loaders get their position back but are not
         moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
 
-        With `input_dir=None` and automatic naming, loads the newest intact checkpoint.
+        With `input_dir=None` and automatic naming, loads the newest intact checkpoint: one found
+        damaged (by its checksums, or when a file is refused as it is read) is passed over with a
+        warning, and the next older one is loaded.
 
         Raises:
-            FileNotFoundError: when the folder does not exist.
-            CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file;
-                nothing is changed in that case.
+            FileNotFoundError: when the folder does not exist (or no checkpoint is left to load).
+            CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file,
+                or (`CheckpointMismatchError`) the checkpoint does not fit this run: other models or
+                optimizers, another mixed_precision or number of processes. Nothing is changed.
 
         Returns:
             The folder loaded.
         """
         self.wait_for_checkpoint()
-        if input_dir is None:
-            if not self.project_configuration.automatic_checkpoint_naming:
-                raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
-                                 "automatic_checkpoint_naming=True. Received: input_dir=None.")
-            source = checkpoint.latest_checkpoint(self.project_configuration.checkpoints_dir, warnings.warn)
-        else:
-            source = pathlib.Path(input_dir)
+        if input_dir is not None:
+            return self._load_folder(pathlib.Path(input_dir))
+        if not self.project_configuration.automatic_checkpoint_naming:
+            raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
+                             "automatic_checkpoint_naming=True. Received: input_dir=None.")
+        return checkpoint.load_newest(self.project_configuration.checkpoints_dir, warnings.warn, self._load_folder)
+
+    def _load_folder(self, source: pathlib.Path) -> str:
+        """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
         reader = CheckpointReader(source)
-        parts = StateParts([{}] * len(self._models), [{}] * len(self._optimizers), self._optimizers,
-                           self._schedulers, self._dataloaders, self._custom_objects, self.precision, {})
+        parts = self._state_parts(gather=False)
+        # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
         loaded = checkpoint.read_state(reader, parts, self.process_index)
         checkpoint.check_model_states(reader.path, loaded["models"],
                                       [parallel.unwrap(m).state_dict() for m in self._models])
         checkpoint.apply_state(
             loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
             lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
-        self.gradient_state.batches_seen = int(loaded["meta"].get("step", 0))
+        self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
         return os.fspath(source)

@@ -27,6 +27,8 @@ from typing import Any, BinaryIO
 import safetensors.torch
 import torch
 
+from fittrain.temp_folders import WRITER_MARKER
+
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 16 * 1024 * 1024
 
@@ -45,12 +47,15 @@ _DTYPES = {getattr(torch, attr): (name, rank) for rank, (name, attr) in enumerat
 
 def _is_plain_name(name: Any) -> bool:
     """Whether a file name stays inside its folder and does not clash with the manifest."""
-    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST_NAME)
+    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST_NAME, WRITER_MARKER)
             and "/" not in name and "\\" not in name)
 
 
 class ChecksumSink:
     """A write-only file wrapper that keeps the running size and CRC32 of what went through it.
+
+    The first OSError of a write is kept in `error`: `torch.save` turns it into a RuntimeError
+    ("unexpected pos") that no longer says the disk is full.
 
     Args:
         file: An open binary file; unbuffered, so each large write goes straight to the OS.
@@ -60,6 +65,7 @@ class ChecksumSink:
         self._file = file
         self.size = 0
         self.crc32 = 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Writes all of `data`, updating the size and checksum, and returns its length."""
@@ -67,8 +73,12 @@ class ChecksumSink:
         self.crc32 = zlib.crc32(view, self.crc32)
         self.size += view.nbytes
         written = 0
-        while written < view.nbytes:  # A raw write may be partial.
-            written += self._file.write(view[written:])
+        try:
+            while written < view.nbytes:  # A raw write may be partial.
+                written += self._file.write(view[written:])
+        except OSError as err:
+            self.error = self.error or err
+            raise
         return view.nbytes
 
     def flush(self) -> None:
@@ -251,10 +261,12 @@ class CheckpointWriter:
         sink = ChecksumSink(file)
         try:
             fill(sink)
-        except BaseException:
+        except BaseException as err:
             file.close()
             with contextlib.suppress(OSError):
                 path.unlink()
+            if sink.error is not None:  # the disk's own error, not what a serializer made of it
+                raise OSError(sink.error.errno, sink.error.strerror, os.fspath(path)) from err
             raise
         self._syncs.add(file)
         self._records[name] = {"size": sink.size, "crc32": sink.crc32}

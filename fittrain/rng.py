@@ -7,7 +7,7 @@ States are kept as tensors and plain numbers, so a checkpoint stores them in a f
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -33,11 +33,82 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+def _python_state(state: dict[str, Any]) -> tuple[Any, ...]:
+    return state["python_version"], tuple(state["python_state"].tolist()), state["python_gauss"]
+
+
+def _numpy_state(state: dict[str, Any]) -> tuple[Any, ...]:
+    return (state["numpy_kind"], state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"],
+            state["numpy_has_gauss"], state["numpy_gauss"])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_FIELDS: tuple[tuple[str, Callable[[Any], bool]], ...] = tuple({
+    "python_version": _is_int,
+    "python_state": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.dim() == 1,
+    "python_gauss": lambda v: v is None or isinstance(v, float),
+    "numpy_kind": lambda v: isinstance(v, str),
+    "numpy_keys": lambda v: (isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.shape == (624,)
+                             and bool(((v >= 0) & (v < 2**32)).all())),
+    "numpy_pos": lambda v: _is_int(v) and 0 <= v <= 624,  # NumPy's set_state does not check the position
+    "numpy_has_gauss": lambda v: v in (0, 1) and _is_int(v),
+    "numpy_gauss": lambda v: isinstance(v, float),
+    "torch": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8,
+    "cuda": lambda v: isinstance(v, (list, tuple)) and all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in v),
+}.items())
+
+
+def check_rng_state(state: Any) -> None:
+    """Checks that `restore_rng_state(state)` will succeed, without changing any RNG.
+
+    Each state is tried on a fresh generator of its kind, so a state that any of them would
+    refuse is found before the first live generator is set.
+
+    Raises:
+        ValueError: naming the first key that is missing or holds a value of the wrong kind.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"The RNG state must be a dict. Received: {type(state).__name__}.")
+    for key, is_valid in _FIELDS:
+        if key not in state and key != "cuda":
+            raise ValueError(f"The RNG state has no {key!r}. It has: {sorted(map(str, state))[:12]}.")
+        if key in state and not is_valid(state[key]):
+            raise ValueError(f"The RNG state's {key!r} is not valid. Received: {_brief(state[key])}.")
+    for name, trial in (("python_state", lambda: random.Random().setstate(_python_state(state))),
+                        ("numpy_keys", lambda: np.random.RandomState().set_state(_numpy_state(state))),
+                        ("torch", lambda: torch.Generator().set_state(state["torch"])),
+                        ("cuda", lambda: _try_cuda_states(state.get("cuda", ())))):
+        try:
+            trial()
+        except Exception as err:  # each library raises its own kinds; all mean "refused"
+            raise ValueError(f"The RNG state's {name!r} is refused: {str(err).splitlines()[0][:200]}") from None
+
+
+def _try_cuda_states(states: Any) -> None:
+    # Without an initialized CUDA, restoring is deferred by torch until CUDA starts: nothing to try.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for device, cuda_state in zip(range(torch.cuda.device_count()), states):
+            torch.Generator(device=f"cuda:{device}").set_state(cuda_state)
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {repr(value)[:60]}"
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Puts every RNG back exactly where `capture_rng_state` found it."""
-    random.setstate((state["python_version"], tuple(state["python_state"].tolist()), state["python_gauss"]))
-    np.random.set_state((state["numpy_kind"], state["numpy_keys"].numpy().astype(np.uint32),
-                         state["numpy_pos"], state["numpy_has_gauss"], state["numpy_gauss"]))
+    """Puts every RNG back exactly where `capture_rng_state` found it (check it first: `check_rng_state`).
+
+    CUDA states of devices this process does not see are left out.
+    """
+    random.setstate(_python_state(state))
+    np.random.set_state(_numpy_state(state))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for device, cuda_state in zip(range(torch.cuda.device_count()), state["cuda"]):
+            torch.cuda.set_rng_state(cuda_state, device)

@@ -122,6 +122,10 @@ def test_failed_overwrite_keeps_the_old_checkpoint(tmp_path):
 
 
 def test_failed_rename_puts_the_old_checkpoint_back(tmp_path, monkeypatch):
+    """The fallback for systems without renameat2(RENAME_EXCHANGE): two renames, undone on failure."""
+    import fittrain.renames
+
+    monkeypatch.setattr(fittrain.renames, "_RENAMEAT2", None)
     final = tmp_path / "checkpoint_3"
     _write_sample(final)
     real_rename = os.rename

@@ -6,7 +6,7 @@
   names it, and resumes from the previous intact one.
 - A planted pickle (a .pt file whose `__reduce__` runs a shell command), listed in the manifest
   with a correct checksum, is refused and never executed, whichever file of the layout it
-  replaces.
+  replaces: named in an error for an explicit path, passed over with a warning by "latest".
 """
 
 from __future__ import annotations
@@ -143,6 +143,11 @@ def test_planted_pickle_is_never_executed(tmp_path, saved, train_job_module, nam
     if name == "extra.pt":  # a file outside the layout is never even read
         _fit(train_job_module, project, resume=target, counter=counter)
         assert counter.first_step == 10
+    elif resume == "latest":  # refused when parsed, so passed over like a checksum failure
+        with pytest.warns(UserWarning, match=f"checkpoint_1.*{name}.*refused"):
+            _, module = _fit(train_job_module, project, resume=target, counter=counter)
+        assert counter.first_step == 7  # resumed from checkpoint_0
+        assert not differing(module.state_dict(), saved[1]), "resuming from checkpoint_0 was not exact"
     else:
         with pytest.raises(CheckpointError) as info:
             _fit(train_job_module, project, resume=target, counter=counter)

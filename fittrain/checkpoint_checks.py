@@ -1,0 +1,224 @@
+"""Checks of a checkpoint's parsed contents against the live run, made before anything is loaded.
+
+`checkpoint.read_state` runs these on every piece it read, so a checkpoint whose contents are
+malformed (a `CheckpointError`) or that this run cannot honour (a `CheckpointMismatchError`:
+other models, another optimizer type, precision or process count) is refused, naming the file,
+while every live object is still untouched. Loading the newest checkpoint passes over a damaged
+one, but not over a mismatch, which an older checkpoint would not cure. Each check only reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import pathlib
+from typing import Any, Sequence
+
+import torch
+
+from .data import DataPosition
+from .rng import check_rng_state
+from .storage import CheckpointError
+
+_NEVER_LOADED = "Nothing was loaded."
+
+
+def _is_count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+class CheckpointMismatchError(CheckpointError):
+    """An intact checkpoint that this run cannot continue from (other models, optimizers, precision
+    or number of processes, or registered objects that refuse their state)."""
+
+
+def _refuse(path: pathlib.Path, problem: str, fix: str) -> CheckpointError:
+    return CheckpointError(f"Checkpoint file {str(path)!r} {problem}. {_NEVER_LOADED} {fix}")
+
+
+def _mismatch(path: pathlib.Path, problem: str, fix: str) -> CheckpointMismatchError:
+    return CheckpointMismatchError(f"Checkpoint file {str(path)!r} {problem}. {_NEVER_LOADED} {fix}")
+
+
+def check_meta_fields(path: pathlib.Path, meta: Any) -> None:
+    """Checks that accelerator_state.json has every field, of the right type (a damaged one does not).
+
+    Raises:
+        CheckpointError: naming the file and the first missing or mistyped field.
+    """
+    damaged = "Load an earlier checkpoint; this one is damaged or was not written by save_state."
+    if not isinstance(meta, dict):
+        raise _refuse(path, f"must hold a JSON object. Received: {type(meta).__name__}", damaged)
+    fields = (("step", lambda v: _is_count(v)), ("num_processes", lambda v: _is_count(v, 1)),
+              ("mixed_precision", lambda v: isinstance(v, str)), ("dataloaders", lambda v: isinstance(v, list)))
+    for key, is_valid in fields:
+        if not is_valid(meta.get(key)):
+            raise _refuse(path, f"has no valid {key!r}. Received: {key}={_short(meta.get(key))}", damaged)
+    for i, position in enumerate(meta["dataloaders"]):
+        _check_position(path, i, position, damaged)
+
+
+def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
+    """Checks accelerator_state.json's fields, and that this run can honour it.
+
+    Args:
+        path: The file, for messages.
+        meta: Its decoded contents.
+        live: This run's `num_processes` and `mixed_precision`.
+
+    Raises:
+        CheckpointError: for a missing or mistyped field.
+        CheckpointMismatchError: for another process count or precision.
+    """
+    check_meta_fields(path, meta)
+    saved_n, live_n = meta["num_processes"], live["num_processes"]
+    if saved_n != live_n:
+        raise _mismatch(path, f"was saved by {saved_n} processes, but this run has {live_n}. Resuming across "
+                        "process counts is not supported yet", f"Resume with {saved_n} processes.")
+    saved_mp, live_mp = meta["mixed_precision"], live["mixed_precision"]
+    if saved_mp != live_mp:
+        raise _mismatch(path, f"was saved with mixed_precision={saved_mp!r}, but this run uses "
+                        f"mixed_precision={live_mp!r}", f"Resume with mixed_precision={saved_mp!r}.")
+
+
+def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str) -> None:
+    """Checks one data loader's saved position (the fields of `DataPosition`, all ints)."""
+    for field in dataclasses.fields(DataPosition):
+        value = position.get(field.name) if isinstance(position, dict) else None
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if not is_int or (value < 0 and field.name != "seed"):  # a user's sampler may seed with any int
+            raise _refuse(path, f"has no valid {field.name!r} in the position of data loader {index}. "
+                          f"Received: {_short(position)}", damaged)
+
+
+def check_dict(path: pathlib.Path, state: Any, what: str) -> None:
+    """Checks that a saved state is a dict, as an LR scheduler's load_state_dict expects.
+
+    Registered objects are not held to this: their state may be anything their own
+    load_state_dict accepts, and `load_all_or_none` undoes a load that one of them refuses.
+    """
+    if not isinstance(state, dict):
+        raise _refuse(path, f"must hold the state dict of {what}. Received: {type(state).__name__}",
+                      "Load a checkpoint saved by the same code.")
+
+
+def check_rng(path: pathlib.Path, state: Any) -> None:
+    """Checks an RNG file's contents without changing any generator."""
+    try:
+        check_rng_state(state)
+    except ValueError as err:
+        raise _refuse(path, f"holds an RNG state that cannot be restored: {err}",
+                      "Load an earlier checkpoint; this one is damaged.") from None
+
+
+def check_scaler(path: pathlib.Path, state: Any, live: dict[str, Any]) -> None:
+    """Checks the fp16 GradScaler's saved state against the live scaler's (`live`, empty when off)."""
+    if not live:
+        return  # no scaler in this run: its load_state_dict ignores the state
+    bad = [k for k in live if not (isinstance(state, dict) and isinstance(state.get(k), (int, float))
+                                   and not isinstance(state.get(k), bool))]
+    if bad:
+        raise _refuse(path, f"has no valid loss-scaler state (missing or not numbers: {bad})",
+                      "Load an earlier checkpoint; this one is damaged.")
+
+
+def check_optimizer(path: pathlib.Path, live: Any, saved: Any, saved_type: str | None) -> None:
+    """Refuses an optimizer state that the prepared optimizer could not continue from.
+
+    Compares the optimizer class (when the checkpoint records it), the parameter groups' sizes,
+    the hyperparameters the live groups need, and the per-parameter state's keys (when the live
+    optimizer has state). Torch would otherwise load another optimizer's state and fail at the
+    next step, such as with KeyError 'betas' for an SGD state loaded into Adam.
+
+    Raises:
+        CheckpointError: naming the file, when it holds no optimizer state dict.
+        CheckpointMismatchError: naming the file and the difference.
+    """
+    fix = "Prepare the same optimizers, over the same parameters, as the run that saved it."
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                             for g in groups) and isinstance(saved.get("state"), dict)
+            and all(isinstance(s, dict) for s in saved["state"].values())):
+        raise _refuse(path, "does not hold an optimizer state dict (with 'state' and 'param_groups')",
+                      "Load an earlier checkpoint; this one is damaged.")
+    live_type = type(getattr(live, "optimizer", live)).__name__
+    if saved_type is not None and saved_type != live_type:
+        raise _mismatch(path, f"holds the state of an optimizer of type {saved_type}, but the prepared "
+                        f"optimizer is of type {live_type}", fix)
+    live_sizes, saved_sizes = [len(g["params"]) for g in live.param_groups], [len(g["params"]) for g in groups]
+    if saved_sizes != live_sizes:
+        raise _mismatch(path, f"holds an optimizer with parameter groups of sizes {saved_sizes}, but the "
+                        f"prepared optimizer has {live_sizes}", fix)
+    for i, (live_group, saved_group) in enumerate(zip(live.param_groups, groups)):
+        # Flags (bools, None) missing from an older torch's state are filled in by load_state_dict.
+        missing = sorted(k for k, v in live_group.items()
+                         if k not in saved_group and v is not None and not isinstance(v, bool))
+        if missing:
+            raise _mismatch(path, f"holds parameter group {i} without the hyperparameters {missing} that "
+                            f"the prepared {live_type} needs: it was saved from another optimizer type", fix)
+    _check_state_keys(path, live, saved["state"], live_type, fix)
+
+
+def _check_state_keys(path: pathlib.Path, live: Any, saved_state: dict[Any, dict], live_type: str,
+                      fix: str) -> None:
+    """Compares the keys of the per-parameter state, when both the saved and live optimizers have some."""
+    saved_keys = set().union(*(s.keys() for s in saved_state.values()))
+    live_keys = set().union(*(s.keys() for s in live.state.values() if isinstance(s, dict)))
+    if saved_keys and live_keys and saved_keys != live_keys:
+        raise _mismatch(path, f"holds per-parameter optimizer state with keys {sorted(map(str, saved_keys))}, "
+                        f"but the prepared {live_type} keeps {sorted(map(str, live_keys))}", fix)
+
+
+def check_model_states(folder: pathlib.Path, loaded: Sequence[dict[str, torch.Tensor]],
+                       live: Sequence[dict[str, torch.Tensor]]) -> None:
+    """Refuses saved weights whose keys or shapes differ from the live models', before any is applied.
+
+    Raises:
+        CheckpointMismatchError: naming the file and the first mismatching keys.
+    """
+    for i, (saved, current) in enumerate(zip(loaded, live)):
+        missing = sorted(set(current) - set(saved))
+        unexpected = sorted(set(saved) - set(current))
+        reshaped = sorted(k for k in set(saved) & set(current) if tuple(saved[k].shape) != tuple(current[k].shape))
+        problems = [f"{label}: {keys[:5]}" for label, keys in (
+            ("missing keys", missing), ("unexpected keys", unexpected), ("different shapes", reshaped)) if keys]
+        if problems:
+            raise CheckpointMismatchError(
+                f"Checkpoint file {folder / (f'model_{i}' if i else 'model')}.safetensors does not fit model {i} "
+                f"({'; '.join(problems)}). Nothing was loaded. Load a checkpoint saved from the same architecture.")
+
+
+def load_all_or_none(folder: pathlib.Path, pieces: list[tuple[str, Any, Any]]) -> None:
+    """Loads each (file name, object, state); if one fails, restores the ones loaded and raises.
+
+    Raises:
+        CheckpointMismatchError: naming the file whose state its object refused.
+    """
+    previous = [_own_copy(obj.state_dict()) for _, obj, _ in pieces]
+    for done, (name, obj, state) in enumerate(pieces):
+        try:
+            obj.load_state_dict(state)
+        except Exception as err:
+            for (_, touched, _), old in zip(pieces[:done + 1], previous):
+                # Best effort: its own state_dict() loads back; failing here must not hide `err`.
+                with contextlib.suppress(Exception):
+                    touched.load_state_dict(old)
+            detail = (str(err).splitlines() or [""])[0][:200]
+            raise CheckpointMismatchError(
+                f"Checkpoint file {str(folder / name)!r} was refused by {type(obj).__name__}.load_state_dict "
+                f"({type(err).__name__}: {detail}). Nothing was loaded. Load a checkpoint saved by the same "
+                "code, with the same callbacks and registered objects.") from err
+
+
+def _own_copy(state: Any) -> Any:
+    """A deep copy of a state_dict, which may share containers with its object (that a load mutates)."""
+    try:
+        return copy.deepcopy(state)
+    except Exception:  # not copyable: the state as returned is the best there is to restore
+        return state
