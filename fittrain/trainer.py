@@ -341,14 +341,16 @@ class Trainer:
             self.scheduler = _NoScheduler()
         self.val_loader = self._prepare_eval(val_loader) if val_loader is not None else None
         acc.register_for_checkpointing(self.state, _CallbackStates(self.callbacks))
-        if resume is not None and str(self.resume_from) == "latest":
+        if resume is None:
+            return
+        if str(self.resume_from) == "latest":
             # The newest checkpoint that loads: one whose files are refused only when parsed (a
             # planted pickle, garbled contents) is passed over like one that fails its checksums.
             load_newest(resume.parent, lambda msg: warn_once(self, msg), acc.load_state)
-        elif resume is not None:
+        else:
             acc.load_state(resume)
-            # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
-            self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
+        # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
+        self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
 
     def _prepare_eval(self, loader: Any) -> Any:
         # No padding for evaluation: every sample counts once, and ranks meet only at the end.
