@@ -186,6 +186,10 @@ class BackgroundCheckpoints:
         self._group: Any = None
         self._pending: PendingCheckpoint | None = None
         self._buffers = StagingBuffers()
+        # The write thread is a daemon, so a script that ends without waiting would lose the
+        # checkpoint. Registered after the default group's handler (this object is made at the first
+        # async save), so it runs before that one: the write lands, then this group goes.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def stager(self) -> Callable[[Any], Any]:
         """Waits for the write in flight, then returns the copy function for the next snapshot.
@@ -248,20 +252,17 @@ class BackgroundCheckpoints:
         if self._group is None:
             # gloo whatever the default backend: a barrier on the CPU needs no device stream.
             self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
-            # Registered after the default group's handler, so it runs before that one: the write
-            # in flight lands and this group goes before the default group is destroyed.
-            atexit.register(_close_at_exit, weakref.ref(self))
         group = self._group
         return lambda: dist.barrier(group=group)
 
 
 def _close_at_exit(owner: "weakref.ref[BackgroundCheckpoints]") -> None:
-    """At interpreter exit: finishes a background write, unless the script is dying of an error
-    (its peers may be gone, and the write would wait for them until the collective timeout)."""
+    """At interpreter exit: finishes a background write, unless a multi-process script is dying of
+    an error (its peers may be gone, and the write would wait for them until the collective timeout)."""
     checkpoints = owner()
     if checkpoints is None:
         return
     try:
-        checkpoints.close(wait=not exiting_on_error())
+        checkpoints.close(wait=not (checkpoints._state.is_distributed and exiting_on_error()))
     except Exception as err:  # an atexit handler can only report
         warnings.warn(f"fittrain: the background checkpoint write still in flight at exit failed: {err!r}")

@@ -321,3 +321,36 @@ def test_free_memory_waits_for_the_write_and_lets_the_next_save_allocate_anew(tm
     CheckpointReader(tmp_path / "a").verify()
     kept = run.acc._background_checkpoints._buffers
     assert kept._taken == [] and kept._free == []  # nothing of the copy is held any more
+
+
+_EXITS_DURING_A_WRITE = """
+import sys, time
+import torch
+from fittrain import Accelerator, ProjectConfiguration
+from fittrain import checkpoint
+
+write = checkpoint.write_snapshot
+def slow_write(*args):  # the write is surely still running when the script ends
+    time.sleep(1.0)
+    write(*args)
+checkpoint.write_snapshot = slow_write
+
+accelerator = Accelerator(project_config=ProjectConfiguration(sys.argv[1], automatic_checkpoint_naming=True))
+model, optimizer = accelerator.prepare(torch.nn.Linear(4, 4), None)
+print(accelerator.save_state(async_save=True))
+if sys.argv[2] == "raise":
+    raise RuntimeError("the script fails after starting the save")
+"""
+
+
+@pytest.mark.parametrize("ending", ["normal", "raise"])
+def test_a_one_process_script_that_ends_during_an_async_write_still_lands_it(tmp_path, ending):
+    import subprocess
+    import sys
+
+    from fittrain.storage import is_intact
+
+    done = subprocess.run([sys.executable, "-c", _EXITS_DURING_A_WRITE, str(tmp_path), ending],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == (0 if ending == "normal" else 1), done.stderr[-3000:]
+    assert is_intact(tmp_path / "checkpoints" / "checkpoint_0"), (done.stdout, done.stderr[-3000:])
