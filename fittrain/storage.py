@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import json
 import os
 import pathlib
@@ -54,6 +53,28 @@ _VERSION = 1
 # tiny and three levels deep; the caps keep a hostile file from exhausting memory or the stack.
 _JSON_MAX_BYTES = 64 * 1024 * 1024
 _JSON_MAX_DEPTH = 32
+
+
+# Files are parsed through a memory map (the checksum pass just brought their pages into the page
+# cache) and every tensor is then copied out of it by `_owned`: one copy, and no mapping outlives
+# the read. Windows maps files differently, so it reads them plainly.
+_MMAP = os.name != "nt"
+
+
+def _owned(obj: Any) -> Any:
+    """`obj` with every tensor in it (in dicts, lists and tuples) copied into memory of its own.
+
+    A tensor kept by a live object (an optimizer's state) must not keep its checkpoint file
+    mapped: the file's disk space would stay used after `total_limit` deleted the folder.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        owned = {key: _owned(value) for key, value in obj.items()}
+        return owned if type(obj) is dict else type(obj)(owned)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_owned(value) for value in obj)
+    return obj
 
 
 class CheckpointError(RuntimeError):
@@ -404,14 +425,21 @@ class CheckpointReader:
             self._check(path, *file_checksum(path, self._files[name]["size"]))
         return path
 
-    def _decode(self, name: str, decode: Callable[[bytes], Any], refusal: str) -> Any:
-        """Reads and checks a file, then parses its bytes with `decode`, naming the file if that fails."""
-        data = self.read_bytes(name)
+    def _decode(self, name: str, decode: Callable[[pathlib.Path], Any], refusal: str) -> Any:
+        """Checks a file's size and CRC32, then parses it with `decode`, naming the file if that fails.
+
+        The checksum is computed over a memory map of the file (no copy); `decode` then reads
+        the file straight into the memory its result keeps, so a large file is copied once.
+        """
+        path = self._verified(name)
         try:
-            return decode(data)
+            with self._unless_deleted():
+                return decode(path)
+        except CheckpointError:
+            raise
         except Exception as err:
             raise CheckpointError(
-                f"Checkpoint file {str(self._path / name)!r} {refusal}. Detail: {_brief(err)}"
+                f"Checkpoint file {str(path)!r} {refusal}. Detail: {_brief(err)}"
             ) from err
 
     def read_bytes(self, name: str) -> bytes:
@@ -446,16 +474,16 @@ class CheckpointReader:
         Raises:
             CheckpointError: The file is damaged or is not a safetensors file.
         """
-        # From bytes, not load_file: its tensors would keep the file mapped while they live.
         return self._decode(
-            name, safetensors.torch.load, "is not a valid safetensors file; load an earlier checkpoint",
+            name, lambda path: _owned(safetensors.torch.load_file(path, device="cpu")),
+            "is not a valid safetensors file; load an earlier checkpoint",
         )
 
     def read_torch(self, name: str) -> Any:
         """Reads a verified `torch.save` file with ``weights_only=True`` and returns its object.
 
-        The file is read once and its checksum checked before it is parsed. Tensors are on the
-        CPU in memory of their own: not memory-mapped, since a tensor kept by a live object (an
+        The file's checksum is checked before it is parsed. Tensors are on the CPU in memory of
+        their own, copied out of a memory map of the file: since a tensor kept by a live object (an
         optimizer's state) would hold the file's disk space after the folder is pruned.
 
         Args:
@@ -467,7 +495,7 @@ class CheckpointReader:
         """
         return self._decode(
             name,
-            lambda data: torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"),
+            lambda path: _owned(torch.load(path, weights_only=True, map_location="cpu", mmap=_MMAP)),
             "was refused: it is not a plain-tensor file that torch.load(weights_only=True) "
             "accepts, so it was never executed. Save only tensors, numbers, strings, lists "
             "and dicts",
