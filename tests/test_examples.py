@@ -145,3 +145,16 @@ def test_example_runs(script: str, results: dict[str, tuple[int, str]]) -> None:
 
 if __name__ == "__main__":
     drive(json.loads(sys.argv[1]))
+
+
+def test_what_the_examples_write_is_ignored_by_git() -> None:
+    """The examples write under ./outputs/ (from the checkout's root, as the README runs them)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = sorted({m.group(1) for script in (ROOT / "examples").glob("*.py")
+                      for m in re.finditer(r"\"(outputs/[\w/.-]+)\"", script.read_text())})
+    assert written, "the examples name no outputs/ folder any more: update this test"
+    for path in written:
+        probe = f"{path}/checkpoints/checkpoint_0/model.safetensors"
+        done = subprocess.run(["git", "check-ignore", "-q", probe], cwd=ROOT, check=False)
+        assert done.returncode == 0, f"{probe} (written by an example) is not ignored by .gitignore"
