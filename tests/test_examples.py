@@ -155,6 +155,6 @@ def test_what_the_examples_write_is_ignored_by_git() -> None:
                       for m in re.finditer(r"\"(outputs/[\w/.-]+)\"", script.read_text())})
     assert written, "the examples name no outputs/ folder any more: update this test"
     for path in written:
-        probe = f"{path}/checkpoints/checkpoint_0/model.safetensors"
+        probe = f"{path}/model.safetensors"
         done = subprocess.run(["git", "check-ignore", "-q", probe], cwd=ROOT, check=False)
         assert done.returncode == 0, f"{probe} (written by an example) is not ignored by .gitignore"
