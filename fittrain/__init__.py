@@ -5,11 +5,10 @@ docs it links to (docs/index.md).
 """
 
 from .accelerator import Accelerator
-from .checkpoint import ProjectConfiguration
+from .checkpoint import CheckpointError, ProjectConfiguration
 from .events import Callback, Event
 from .module import TrainModule
 from .state import DistributedType
-from .storage import CheckpointError
 from .trainer import Trainer, TrainState
 
 __all__ = [

@@ -29,10 +29,10 @@ from torch.utils.data import DataLoader
 
 from . import collectives, parallel
 from .batches import BatchesShard
-from .checkpoint import ProjectConfiguration
+from .checkpoint.model_io import save_model_weights
+from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader
-from .model_io import save_model_weights
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
 from .process_methods import ProcessMethods

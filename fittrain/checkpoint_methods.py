@@ -1,7 +1,7 @@
 """The Accelerator's checkpoint methods: `register_for_checkpointing`, `save_state`, `load_state`.
 
-A mixin of `Accelerator`, kept apart so the facade stays short. The folder layout is in
-`checkpoint`, atomic writing in `storage`, background writes in `async_checkpoint`.
+A mixin of `Accelerator`, kept apart so the facade stays short. The checkpoint subsystem itself
+is `fittrain.checkpoint`: its package docstring maps the save and load flows these methods run.
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ from typing import Any
 
 from torch import nn
 
-from . import checkpoint, collectives, parallel
-from .async_checkpoint import BackgroundCheckpoints
-from .checkpoint import ProjectConfiguration, StateParts
+from . import collectives, parallel
+from .checkpoint.background import BackgroundCheckpoints
+from .checkpoint.checks import check_model_states
+from .checkpoint.latest import load_newest
+from .checkpoint.naming import ProjectConfiguration, reserve_target
+from .checkpoint.reader import CheckpointReader
+from .checkpoint.restore import apply_state, read_state
+from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
 from .state import ProcessState
-from .storage import CheckpointReader
 from .sync import GradientState
 
 
@@ -93,7 +97,7 @@ class CheckpointMethods:
         if config.automatic_checkpoint_naming:
             # Claimed now, on this thread: another writer of the project (a job, an Accelerator)
             # never gets this number, and a background write needs none of its own.
-            target, reserved = checkpoint.reserve_target(
+            target, reserved = reserve_target(
                 config, self.is_main_process, lambda obj: collectives.broadcast_object(obj, self.state))
         elif output_dir is None:
             raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
@@ -105,13 +109,13 @@ class CheckpointMethods:
                 self._background_checkpoints = BackgroundCheckpoints(self.state)
             stage = self._background_checkpoints.stager() if async_save else None
             # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
-            snapshot = checkpoint.capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
+            snapshot = capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
             prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
             if async_save:
                 self._background_checkpoints.start(
-                    target, lambda barrier: checkpoint.write_checkpoint(target, snapshot, barrier, prune, reserved))
+                    target, lambda barrier: write_checkpoint(target, snapshot, barrier, prune, reserved))
             else:
-                checkpoint.write_checkpoint(target, snapshot, self.wait_for_everyone, prune, reserved)
+                write_checkpoint(target, snapshot, self.wait_for_everyone, prune, reserved)
         except BaseException:
             if reserved is not None:
                 reserved.release()  # does nothing once the folder is committed
@@ -154,17 +158,17 @@ class CheckpointMethods:
         if not self.project_configuration.automatic_checkpoint_naming:
             raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
                              "automatic_checkpoint_naming=True. Received: input_dir=None.")
-        return checkpoint.load_newest(self.project_configuration.checkpoints_dir, warnings.warn, self._load_folder)
+        return load_newest(self.project_configuration.checkpoints_dir, warnings.warn, self._load_folder)
 
     def _load_folder(self, source: pathlib.Path) -> str:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
         reader = CheckpointReader(source)
         parts = self._state_parts(gather=False)
         # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-        loaded = checkpoint.read_state(reader, parts, self.process_index)
-        checkpoint.check_model_states(reader.path, loaded["models"],
-                                      [parallel.unwrap(m).state_dict() for m in self._models])
-        checkpoint.apply_state(
+        loaded = read_state(reader, parts, self.process_index)
+        check_model_states(reader.path, loaded["models"],
+                           [parallel.unwrap(m).state_dict() for m in self._models])
+        apply_state(
             loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
             lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
         self.gradient_state.batches_seen = loaded["meta"]["step"]

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 
 from .accelerator import Accelerator
 from .batches import check_batches
-from .checkpoint import CHECKPOINTS_DIR, ProjectConfiguration, latest_checkpoint, load_newest
+from .checkpoint.latest import latest_checkpoint, load_newest
+from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
 from .events import Callback, EventDispatcher, check_callbacks
 from .module import TrainModule
 from .parallel import check_strategy

@@ -1,7 +1,7 @@
 """save_state(async_save=True): a snapshot taken on the calling thread, written by a real background thread.
 
 Each test that needs the write to be still in flight at a given moment holds it with a gate: the
-writer of our own code (`fittrain.checkpoint.write_snapshot`) is wrapped so that it waits for an
+writer of our own code (`fittrain.checkpoint.snapshot.write_snapshot`) is wrapped so that it waits for an
 event before writing anything. Nothing of torch is mocked.
 """
 
@@ -18,9 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, ProjectConfiguration
-from fittrain import checkpoint as checkpoint_module
-from fittrain.checkpoint import latest_checkpoint
-from fittrain.storage import CheckpointReader
+from fittrain.checkpoint import CheckpointReader, latest_checkpoint
+from fittrain.checkpoint import snapshot as snapshot_module
 
 
 class History:
@@ -107,7 +106,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     """Holds every write (sync ones too) inside its temporary folder, before its first file,
     until the gate is set."""
     event = Gate()
-    original = checkpoint_module.write_snapshot
+    original = snapshot_module.write_snapshot
 
     def gated(writer, snapshot):  # type: ignore[no-untyped-def]
         event.reached.set()
@@ -115,7 +114,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
             raise TimeoutError("the test never opened the gate")
         original(writer, snapshot)
 
-    monkeypatch.setattr(checkpoint_module, "write_snapshot", gated)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", gated)
     yield event
     event.set()  # never leave a writer thread blocked behind a failed test
 
@@ -207,13 +206,13 @@ def test_load_state_waits_for_the_write_in_flight(tmp_path, gate):
 
 def _failing_writer(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     """Makes every write fail after its first file, as a full disk would; returns the real writer."""
-    original = checkpoint_module.write_snapshot
+    original = snapshot_module.write_snapshot
 
     def failing(writer, snapshot):  # type: ignore[no-untyped-def]
         writer.write_json("partial.json", {"written": True})
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module, "write_snapshot", failing)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", failing)
     return original
 
 
@@ -233,7 +232,7 @@ def test_a_failed_background_write_surfaces_at_wait_for_checkpoint(tmp_path, mon
     assert set(_hidden_entries(path.parent)) <= {".checkpoint_0.tmp"}  # nothing that looks complete
     run.acc.wait_for_checkpoint()  # raised once; nothing is pending any more
 
-    monkeypatch.setattr(checkpoint_module, "write_snapshot", original)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", original)
     retried = run.acc.save_state(async_save=True)
     run.acc.wait_for_checkpoint()
     assert retried == str(tmp_path / "checkpoints" / "checkpoint_1")  # the failed one's number stays used
@@ -288,7 +287,7 @@ def test_the_accelerator_state_is_captured_at_the_call(tmp_path, gate):
 def test_staging_buffers_copy_a_state_and_reuse_their_memory_for_the_next_snapshot():
     from collections import OrderedDict, namedtuple
 
-    from fittrain.async_checkpoint import StagingBuffers
+    from fittrain.checkpoint.background import StagingBuffers
 
     Pair = namedtuple("Pair", "a b")
     live = {"model": OrderedDict(w=torch.randn(3, 4), b=torch.randn(4)), "pair": Pair(torch.ones(2), [1, "x"]),
@@ -327,13 +326,13 @@ _EXITS_DURING_A_WRITE = """
 import sys, time
 import torch
 from fittrain import Accelerator, ProjectConfiguration
-from fittrain import checkpoint
+from fittrain.checkpoint import snapshot
 
-write = checkpoint.write_snapshot
+write = snapshot.write_snapshot
 def slow_write(*args):  # the write is surely still running when the script ends
     time.sleep(1.0)
     write(*args)
-checkpoint.write_snapshot = slow_write
+snapshot.write_snapshot = slow_write
 
 accelerator = Accelerator(project_config=ProjectConfiguration(sys.argv[1], automatic_checkpoint_naming=True))
 model, optimizer = accelerator.prepare(torch.nn.Linear(4, 4), None)
@@ -348,7 +347,7 @@ def test_a_one_process_script_that_ends_during_an_async_write_still_lands_it(tmp
     import subprocess
     import sys
 
-    from fittrain.storage import is_intact
+    from fittrain.checkpoint import is_intact
 
     done = subprocess.run([sys.executable, "-c", _EXITS_DURING_A_WRITE, str(tmp_path), ending],
                           capture_output=True, text=True, timeout=120)

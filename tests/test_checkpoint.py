@@ -1,4 +1,4 @@
-"""save_state/load_state through the Accelerator (fittrain/checkpoint.py): exact resume, naming,
+"""save_state/load_state through the Accelerator (fittrain/checkpoint/): exact resume, naming,
 the folder layout, and bad checkpoints that must fail loudly without changing anything.
 
 The storage layer (atomic folders, manifests, guarded reads) has its own tests in

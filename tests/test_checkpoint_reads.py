@@ -35,10 +35,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Accelerator, CheckpointError, ProjectConfiguration, TrainState, storage
+from fittrain import Accelerator, CheckpointError, ProjectConfiguration, TrainState
 from fittrain.callbacks import EarlyStop
-from fittrain.checkpoint import latest_checkpoint
-from fittrain.storage import CheckpointDeletedError, CheckpointReader, is_intact
+from fittrain.checkpoint import CheckpointDeletedError, CheckpointReader, is_intact, latest_checkpoint
+from fittrain.checkpoint import reader as reader_module
 from fittrain.trainer import _CallbackStates
 
 
@@ -384,7 +384,7 @@ def test_load_state_of_the_newest_does_not_pass_over_a_mismatch(tmp_path):
 def test_an_oversized_json_file_is_refused_unread(saved, monkeypatch):
     run, folder = saved
     # The real cap is 64 MiB, slow to fill in a test; the check is the same.
-    monkeypatch.setattr(storage, "_JSON_MAX_BYTES", 4096, raising=False)
+    monkeypatch.setattr(reader_module, "_JSON_MAX_BYTES", 4096)
     damage(folder, META, with_item("padding", "x" * 5000))
     with pytest.raises(CheckpointError, match=r"accelerator_state\.json.*more than the 4096"):
         run.acc.load_state(folder)

@@ -21,12 +21,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, ProjectConfiguration, Trainer, TrainModule
-from fittrain.async_checkpoint import StagingBuffers
 from fittrain.callbacks import Checkpointer
+from fittrain.checkpoint import CheckpointError, CheckpointReader, atomic_checkpoint, is_intact, list_checkpoints
+from fittrain.checkpoint.background import StagingBuffers
+from fittrain.checkpoint.renames import exchange
+from fittrain.checkpoint.temp_folders import WRITER_MARKER, TempFolder, reserve_numbered
 from fittrain.events import Callback
-from fittrain.storage import CheckpointError, CheckpointReader, atomic_checkpoint, is_intact, list_checkpoints
-from fittrain.renames import exchange
-from fittrain.temp_folders import WRITER_MARKER, TempFolder, reserve_numbered
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT = 300.0
@@ -122,7 +122,7 @@ def _claim_in_a_process_that_exits(temp: pathlib.Path) -> None:
     """Claims `temp` in a real process that then exits, leaving a stale folder behind."""
     code = textwrap.dedent(f"""
         import pathlib
-        from fittrain.temp_folders import TempFolder
+        from fittrain.checkpoint.temp_folders import TempFolder
         claimed = TempFolder.claim(pathlib.Path({str(temp)!r}))
         (claimed.path / "optimizer.pt").write_bytes(b"x" * 100)
     """)

@@ -1,4 +1,4 @@
-"""Tests for fittrain.model_io: safetensors weights, sharding, tied weights and parse_size."""
+"""Tests for fittrain.checkpoint.model_io: safetensors weights, sharding, tied weights and parse_size."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from fittrain.model_io import load_model_weights, parse_size, save_model_weights
-from fittrain.storage import CheckpointError
+from fittrain.checkpoint import CheckpointError
+from fittrain.checkpoint.model_io import load_model_weights, parse_size, save_model_weights
 
 
 def _state_dict(count: int = 6, size: int = 64) -> dict[str, torch.Tensor]:

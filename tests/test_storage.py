@@ -1,4 +1,4 @@
-"""Tests for fittrain.storage: atomic checkpoint folders, the manifest and verified reads."""
+"""Tests for fittrain.checkpoint.folder and .reader: atomic checkpoint folders, the manifest and verified reads."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from fittrain.storage import (
+from fittrain.checkpoint import (
     MANIFEST_NAME,
     CheckpointError,
     CheckpointReader,
@@ -123,9 +123,9 @@ def test_failed_overwrite_keeps_the_old_checkpoint(tmp_path):
 
 def test_failed_rename_puts_the_old_checkpoint_back(tmp_path, monkeypatch):
     """The fallback for systems without renameat2(RENAME_EXCHANGE): two renames, undone on failure."""
-    import fittrain.renames
+    import fittrain.checkpoint.renames
 
-    monkeypatch.setattr(fittrain.renames, "_RENAMEAT2", None)
+    monkeypatch.setattr(fittrain.checkpoint.renames, "_RENAMEAT2", None)
     final = tmp_path / "checkpoint_3"
     _write_sample(final)
     real_rename = os.rename

@@ -3,10 +3,10 @@
 Every scenario attacks checkpoints the way production does, with real processes, signals, files
 and file systems (nothing is mocked), then checks what fittrain promises:
 
-- every ``checkpoint_N`` folder that exists verifies (`fittrain.storage.is_intact`);
+- every ``checkpoint_N`` folder that exists verifies (`fittrain.checkpoint.is_intact`);
 - ``resume_from="latest"`` and ``load_state()`` pick an intact checkpoint, and a resumed run ends
   with final weights ``torch.equal`` to those of an uninterrupted run;
-- damage is reported as `fittrain.storage.CheckpointError` naming the file, and a refused load
+- damage is reported as `fittrain.checkpoint.CheckpointError` naming the file, and a refused load
   leaves the live model, optimizer, scheduler and RNG as they were;
 - nothing planted in a checkpoint executes, and nothing hangs: every wait has a deadline, after
   which the whole process group is killed and the scenario fails as hung.

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from fittrain.storage import CheckpointError, is_intact
+from fittrain.checkpoint import CheckpointError, is_intact
 
 from .checks import OTHER_SEED, differing, short
 from .rig import Rig

@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from fittrain.storage import is_intact, list_checkpoints
+from fittrain.checkpoint import is_intact, list_checkpoints
 
 #: The seed of a resumed process or rig: whatever a checkpoint fails to restore then changes the result.
 OTHER_SEED = 999

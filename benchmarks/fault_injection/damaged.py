@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Callable
 
-from fittrain.storage import MANIFEST_NAME
+from fittrain.checkpoint import MANIFEST_NAME
 
 from .attacks import Attack, Attacks
 from .worker import Scenarios

@@ -12,7 +12,7 @@ import pathlib
 import subprocess
 from typing import Callable
 
-from fittrain.storage import is_intact
+from fittrain.checkpoint import is_intact
 
 from .checks import Outcome, broken_checkpoints, short
 from .children import Context

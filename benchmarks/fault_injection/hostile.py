@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from fittrain.storage import MANIFEST_NAME
+from fittrain.checkpoint import MANIFEST_NAME
 
 from .attacks import Attack, Attacks
 from .worker import Scenarios

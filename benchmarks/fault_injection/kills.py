@@ -18,8 +18,8 @@ import time
 import safetensors
 import safetensors.torch
 
+from fittrain.checkpoint import MANIFEST_NAME, list_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE
-from fittrain.storage import MANIFEST_NAME, list_checkpoints
 
 from .checks import OTHER_SEED, Outcome, broken_checkpoints, differing
 from .children import SIGTERM_EPOCHS, Child, Context, job_args, killed_after, torchrun_args, wait_until

@@ -10,7 +10,7 @@ import argparse
 import pathlib
 from typing import Any
 
-from fittrain.storage import CheckpointReader, is_intact
+from fittrain.checkpoint import CheckpointReader, is_intact
 
 from .checks import Outcome, broken_checkpoints, short
 from .children import JOB_TIMEOUT_S, MODULE, Context, emit, killed_after, role_args, wait_for_file, wait_until

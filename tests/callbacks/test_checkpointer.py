@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from fittrain import Accelerator, Callback, Trainer
-from fittrain import checkpoint as fittrain_checkpoint
 from fittrain.callbacks import Checkpointer
+from fittrain.checkpoint import snapshot as snapshot_module
 
 
 class WeightHistory(Callback):
@@ -161,13 +161,13 @@ def test_repr_shows_every_argument():
 def slow_writes(monkeypatch):
     """Every checkpoint write sleeps before its first file, so a background write is still in flight
     when training goes on."""
-    original = fittrain_checkpoint.write_snapshot
+    original = snapshot_module.write_snapshot
 
     def slow(writer, snapshot):
         time.sleep(0.2)
         original(writer, snapshot)
 
-    monkeypatch.setattr(fittrain_checkpoint, "write_snapshot", slow)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", slow)
 
 
 def test_async_save_checkpoints_hold_the_weights_of_their_step(make_module, make_loader, tmp_path, slow_writes):
@@ -203,7 +203,7 @@ def test_a_failed_write_is_noted_on_the_original_exception(make_module, make_loa
     def failing(writer, snapshot):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fittrain_checkpoint, "write_snapshot", failing)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", failing)
     trainer = Trainer(project_dir=tmp_path, max_epochs=2,
                       callbacks=[Checkpointer(every_n_steps=2, async_save=True), FailAtStep(2)])
     with pytest.raises(RuntimeError, match="boom at step 2") as caught:

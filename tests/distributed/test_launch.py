@@ -153,7 +153,7 @@ def test_a_script_without_end_training_leaves_nothing_running_at_exit(tmp_path: 
     job = run(torchrun(2, "exit_worker.py", str(tmp_path))).check()
     for rank in (0, 1):
         assert f"at exit: rank {rank} group_alive=False threads=[]" in job.output, job.output[-4000:]
-    from fittrain.storage import is_intact
+    from fittrain.checkpoint import is_intact
 
     assert is_intact(tmp_path / "checkpoints" / "checkpoint_0")
 

@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from fittrain import checkpoint
 from fittrain.callbacks import Checkpointer
+from fittrain.checkpoint import snapshot as snapshot_module
 
 from resume_jobs import OTHER_SEED, Job, differing, load_params, load_summary, train_job
 
@@ -46,13 +46,13 @@ def test_resume_from_an_async_checkpoint_is_exact(tmp_path, train_job_module, de
     try:
         reference = _fit(job, ["--project", str(tmp_path / "reference")])
 
-        original = checkpoint.write_snapshot
+        original = snapshot_module.write_snapshot
 
         def slow(writer, snapshot):  # type: ignore[no-untyped-def]
             time.sleep(0.2)  # a few batches train meanwhile
             original(writer, snapshot)
 
-        monkeypatch.setattr(checkpoint, "write_snapshot", slow)
+        monkeypatch.setattr(snapshot_module, "write_snapshot", slow)
         # Saves at steps 7 (mid-epoch 1) and 14; the run goes on to step 15 while they are written.
         saving = _fit(job, ["--project", str(project)], extra=(Checkpointer(every_n_steps=7, async_save=True),))
         assert not differing(saving, reference), "saving in the background disturbed the run"

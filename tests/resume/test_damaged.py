@@ -22,7 +22,7 @@ import torch
 
 from resume_jobs import differing
 from fittrain import Callback
-from fittrain.storage import MANIFEST_NAME, CheckpointError
+from fittrain.checkpoint import MANIFEST_NAME, CheckpointError
 
 
 class _CountBatches(Callback):

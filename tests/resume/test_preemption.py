@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 
 from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
 from fittrain import Callback, Trainer
+from fittrain.checkpoint import list_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE, PreemptionWatcher, ignore_preemption_signals
-from fittrain.storage import list_checkpoints
 
 
 def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, references):
@@ -195,10 +195,10 @@ def test_preemption_with_a_users_accelerator_saves_where_latest_looks(tmp_path, 
 def test_preemption_saves_even_after_a_failed_background_write(tmp_path, train_job_module, monkeypatch):
     """An async checkpoint whose write fails does not stop the preemption save: it is reported
     as a warning, and the preemption checkpoint lands."""
-    from fittrain import checkpoint
     from fittrain.callbacks import Checkpointer
+    from fittrain.checkpoint import snapshot as snapshot_module
 
-    original, calls = checkpoint.write_snapshot, []
+    original, calls = snapshot_module.write_snapshot, []
 
     def first_write_fails(writer, snapshot):  # type: ignore[no-untyped-def]
         calls.append(snapshot)
@@ -206,7 +206,7 @@ def test_preemption_saves_even_after_a_failed_background_write(tmp_path, train_j
             raise OSError(28, "No space left on device (injected)")
         original(writer, snapshot)
 
-    monkeypatch.setattr(checkpoint, "write_snapshot", first_write_fails)
+    monkeypatch.setattr(snapshot_module, "write_snapshot", first_write_fails)
     callbacks = [Checkpointer(every_n_steps=1, async_save=True), _SignalAt(1, signal.SIGTERM)]
     with pytest.warns(UserWarning, match="background checkpoint write had failed.*No space left"):
         with pytest.raises(SystemExit) as exit_info:

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import training
 from fittrain import Accelerator
-from fittrain.storage import CheckpointWriter
+from fittrain.checkpoint import CheckpointWriter
 
 
 def facts(out: pathlib.Path, extra: list[str]) -> dict[str, Any]:

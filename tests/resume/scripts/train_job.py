@@ -152,15 +152,15 @@ def make_callbacks(args: argparse.Namespace, trace: Trace) -> list[Callback]:
 
 def slow_down_saves(seconds: float) -> None:
     """Makes every checkpoint file write take longer, so a kill can land inside a save."""
-    from fittrain import storage
+    from fittrain.checkpoint import CheckpointWriter
 
-    original = storage.CheckpointWriter.write_bytes
+    original = CheckpointWriter.write_bytes
 
     def write_bytes(self, name, data):
         original(self, name, data)
         time.sleep(seconds)
 
-    storage.CheckpointWriter.write_bytes = write_bytes
+    CheckpointWriter.write_bytes = write_bytes
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -236,9 +236,10 @@ def main() -> None:
     if args.slow_save:
         slow_down_saves(args.slow_save)
     if args.no_rng_restore:
-        import fittrain.checkpoint
+        import fittrain.checkpoint.restore
 
-        fittrain.checkpoint.restore_rng_state = lambda state: None
+        # Patched where apply_state looks it up.
+        fittrain.checkpoint.restore.restore_rng_state = lambda state: None
     try:
         run(args)
     except SystemExit:

@@ -1,13 +1,13 @@
 """The checkpoint file writer: files streamed to disk once, checksummed as they are written.
 
-`CheckpointWriter` (re-exported by `fittrain.storage`, which owns the folder, the manifest and
-reading) sends every file through a `ChecksumSink`, which keeps the running size and CRC32, so
-a file is never held whole in memory nor read back: `torch.save` streams straight into it, and
-`write_safetensors` writes the header and then each tensor's bytes as a zero-copy view. Its
-files are byte-identical to ``safetensors.torch.save`` of the same tensors and metadata (same
-dtype-then-name order, compact JSON header padded with spaces to 8 bytes). `BackgroundSync`
-fsyncs finished files on threads while the next file is written; the writer's owner joins it
-before the folder is renamed.
+`CheckpointWriter` (made by `folder.atomic_checkpoint`, which owns the folder and the manifest;
+`reader` reads the files back) sends every file through a `ChecksumSink`, which keeps the
+running size and CRC32, so a file is never held whole in memory nor read back: `torch.save`
+streams straight into it, and `write_safetensors` writes the header and then each tensor's
+bytes as a zero-copy view. Its files are byte-identical to ``safetensors.torch.save`` of the
+same tensors and metadata (same dtype-then-name order, compact JSON header padded with spaces to
+8 bytes). `BackgroundSync` fsyncs finished files on threads while the next file is written; the
+writer's owner joins it before the folder is renamed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import safetensors.torch
 import torch
 
-from fittrain.temp_folders import WRITER_MARKER
+from .temp_folders import WRITER_MARKER
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 16 * 1024 * 1024

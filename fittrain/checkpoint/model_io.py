@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 import safetensors.torch
 import torch
 
-from fittrain.fastio import saveable_tensors as _saveable_tensors
-from fittrain.storage import CheckpointError, _brief, _fsync_dir
+from .errors import CheckpointError, brief as _brief
+from .fastio import saveable_tensors as _saveable_tensors
+from .renames import fsync_dir as _fsync_dir
 
 _SIZE_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
 _UNITS = types.MappingProxyType({

@@ -1,24 +1,18 @@
-"""Crash-safe checkpoint folders with a checksummed manifest, and verified reads.
+"""Verified reads of a complete checkpoint folder: `CheckpointReader` and `is_intact`.
 
-A folder is written under a temporary sibling name, gets ``manifest.json`` last, and is renamed
-into place, so a folder without a manifest is never complete. The manifest's sizes and CRC32s
-catch damaged files. Reads use only safetensors, JSON or ``torch.load(weights_only=True)``.
-
-Files are streamed to disk once, checksummed as they are written (see `fittrain.fastio`), and
-fsynced on background threads that every process joins before the folder is renamed. A read
-takes a file into memory once and checks its size and CRC32 before anything parses it; nothing
-loaded keeps a checkpoint's file open or mapped, so a pruned folder frees its disk space at once.
-JSON is parsed with limits on size and nesting, so a hostile file is a damaged one, never a crash.
+Reads use only safetensors, JSON or ``torch.load(weights_only=True)``. A read takes a file into
+memory once and checks its size and CRC32 against the manifest (written last by `folder`) before
+anything parses it; nothing loaded keeps a checkpoint's file open or mapped, so a pruned folder
+frees its disk space at once. JSON is parsed with limits on size and nesting, so a hostile file
+is a damaged one, never a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import pathlib
-import re
 import stat
 import zlib
 from collections.abc import Callable, Iterator
@@ -27,28 +21,10 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from fittrain.fastio import (
-    MANIFEST_NAME,
-    CheckpointWriter,
-    _is_plain_name,
-    file_checksum,
-    saveable_tensors,
-)
-from fittrain.renames import commit_replacing, fsync_dir as _fsync_dir, rename_noreplace
-from fittrain.temp_folders import (
-    WRITER_MARKER,
-    TempFolder,
-    describe_owner,
-    raise_if_no_space as _raise_if_no_space,
-)
+from .errors import CheckpointDeletedError, CheckpointError, brief
+from .fastio import MANIFEST_NAME, _is_plain_name, file_checksum
+from .folder import MANIFEST_FORMAT, MANIFEST_VERSION
 
-__all__ = [
-    "MANIFEST_NAME", "CheckpointDeletedError", "CheckpointError", "CheckpointReader",
-    "CheckpointWriter", "atomic_checkpoint", "is_intact", "list_checkpoints",
-]
-
-_FORMAT = "fittrain-checkpoint"
-_VERSION = 1
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
 # tiny and three levels deep; the caps keep a hostile file from exhausting memory or the stack.
 _JSON_MAX_BYTES = 64 * 1024 * 1024
@@ -76,166 +52,6 @@ def _owned(obj: Any) -> Any:
         return type(obj)(_owned(value) for value in obj)
     return obj
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint folder is incomplete, damaged or unsafe; the message names the bad file."""
-
-
-class CheckpointDeletedError(CheckpointError):
-    """A checkpoint folder was deleted or replaced while it was being read (such as by pruning)."""
-
-
-def no_barrier() -> None:
-    """Does nothing: the barrier of a single process."""
-
-
-def _brief(err: BaseException) -> str:
-    """The line of an error that says what went wrong, without torch's advice to unpickle."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    unpickler = [line for line in lines if "WeightsUnpickler error" in line]
-    return (unpickler or lines or [type(err).__name__])[0]
-
-
-# Kept under its old name for the modules that import it from here.
-_saveable_tensors = saveable_tensors
-
-
-def _write_manifest(writer: CheckpointWriter) -> None:
-    """Checksums other processes' files, then writes and fsyncs the manifest last."""
-    files = dict(writer._records)
-    for entry in sorted(writer.path.iterdir()):
-        if entry.name in files or entry.name in (MANIFEST_NAME, WRITER_MARKER):
-            continue
-        if not entry.is_file():
-            raise CheckpointError(
-                f"Checkpoint folder {writer.path} holds {entry.name!r}, which is not a plain file. "
-                "Checkpoint files must be written with the CheckpointWriter's write_* methods."
-            )
-        size, crc = file_checksum(entry)
-        files[entry.name] = {"size": size, "crc32": crc}
-    manifest = {"format": _FORMAT, "version": _VERSION, "files": dict(sorted(files.items()))}
-    with open(writer.path / MANIFEST_NAME, "wb") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(writer.path)
-
-
-def _move_into_place(temp: pathlib.Path, final: pathlib.Path, replace: bool = True) -> None:
-    """Renames the finished folder `temp` to `final`; a complete folder is there at every moment.
-
-    Args:
-        replace: Swap out a folder already named `final`. Under automatic naming it is False: a
-            reserved number is never taken by anyone else, and the commit never replaces one.
-    """
-    if replace:
-        commit_replacing(temp, final)
-        return
-    try:
-        rename_noreplace(temp, final)
-    except FileExistsError:
-        raise CheckpointError(
-            f"Checkpoint folder {str(final)!r} appeared while this save was writing it, so the save "
-            "was not kept: under automatic naming a save never replaces a folder. Another program "
-            "wrote that name; save again to use the next number."
-        ) from None
-    _fsync_dir(final.parent)
-
-
-def _claim(final: pathlib.Path) -> TempFolder:
-    """Claims ``.{name}.tmp`` beside `final`, refusing while another live writer holds it."""
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temp = final.parent / f".{final.name}.tmp"
-        owned = TempFolder.claim(temp)
-    except OSError as err:
-        _raise_if_no_space(err, final)
-        raise
-    if owned is None:
-        raise CheckpointError(
-            f"Cannot save checkpoint folder {str(final)!r}: {describe_owner(temp)} is writing it "
-            f"right now (it holds {str(temp)!r}), and two writers of one folder would mix their "
-            f"files. Give each run its own folder; if that process no longer runs, delete {str(temp)!r}."
-        )
-    return owned
-
-
-def _check_replaceable(final: pathlib.Path) -> None:
-    if os.path.lexists(final) and not final.is_dir():
-        raise NotADirectoryError(
-            errno.ENOTDIR,
-            f"Cannot save checkpoint folder {str(final)!r}: a file of that name exists, and a save "
-            "never deletes a file. Pass a new path, or the path of an existing checkpoint folder.",
-        )
-
-
-def _commit(writer: CheckpointWriter, owned: TempFolder, final: pathlib.Path, replace: bool) -> None:
-    """Writes the manifest and renames the folder into place; any failure removes the folder."""
-    try:
-        _write_manifest(writer)
-        _move_into_place(owned.path, final, replace)
-    except BaseException as err:
-        owned.release()
-        _raise_if_no_space(err, final)
-        raise
-    owned.mark_committed()
-    with contextlib.suppress(OSError):
-        os.unlink(final / WRITER_MARKER)  # only now: until the commit it marks a live writer
-
-
-@contextlib.contextmanager
-def atomic_checkpoint(
-    final_dir: str | os.PathLike[str], *, is_main_process: bool = True,
-    barrier: Callable[[], None] = no_barrier, reserved: TempFolder | None = None,
-) -> Iterator[CheckpointWriter]:
-    """Writes a checkpoint folder that appears under its name only when complete.
-
-    Every process calls this with the same `final_dir` and writes its own files through the
-    writer it gets. The folder is built as the sibling ``.{name}.tmp``, which the main process
-    claims (`fittrain.temp_folders`): a live writer's folder is never taken over, one left by a
-    dead writer is cleaned up. On success the main process writes the manifest last and renames
-    the folder into place. On any failure the main process removes the temporary folder; a full
-    disk is raised as an OSError naming the folder, any other exception propagates unchanged.
-
-    Args:
-        final_dir: The checkpoint folder to create or replace.
-        is_main_process: Whether this process creates, finishes and renames the folder.
-        barrier: A collective barrier across processes; a no-op for a single process.
-        reserved: On the main process, the temporary folder that
-            `temp_folders.reserve_numbered` claimed for `final_dir`; the commit then never
-            replaces an existing folder. Without it the main process claims the folder here and
-            the commit replaces `final_dir`.
-
-    Returns:
-        A context manager that yields a `CheckpointWriter` for the temporary folder.
-
-    Example:
-        >>> with atomic_checkpoint("ckpt/checkpoint_0") as writer:
-        ...     writer.write_json("trainer_state.json", {"global_step": 10})
-    """
-    final = pathlib.Path(os.path.abspath(final_dir))
-    _check_replaceable(final)
-    owned = reserved  # the main process's claim; None on the others
-    if is_main_process and owned is None:
-        owned = _claim(final)
-    barrier()
-    writer = CheckpointWriter(final.parent / f".{final.name}.tmp")
-    try:
-        yield writer
-        # Each process's files are on disk before the main process may rename the folder.
-        writer._wait_durable()
-    except BaseException as err:
-        # No barrier here: the other processes may never reach it, and the error must surface.
-        with contextlib.suppress(OSError):
-            writer._wait_durable()
-        if owned is not None:
-            owned.release()
-        _raise_if_no_space(err, final)
-        raise
-    barrier()
-    if owned is not None:
-        _commit(writer, owned, final, replace=reserved is None)
-    barrier()
 
 
 def _is_count(value: Any) -> bool:
@@ -265,7 +81,7 @@ def _parse_json(data: bytes, path: pathlib.Path) -> Any:
         value = json.loads(data)
     except (ValueError, RecursionError, MemoryError) as err:
         # RecursionError: the decoder recurses once per level of nesting.
-        raise _json_error(path, "nested too deeply" if isinstance(err, RecursionError) else _brief(err)) from None
+        raise _json_error(path, "nested too deeply" if isinstance(err, RecursionError) else brief(err)) from None
     if _json_depth(value) > _JSON_MAX_DEPTH:
         raise _json_error(path, f"nested more than {_JSON_MAX_DEPTH} levels deep")
     return value
@@ -294,13 +110,13 @@ def _parse_manifest(path: pathlib.Path) -> dict[str, dict[str, int]]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     valid = (
         isinstance(files, dict)
-        and manifest.get("format") == _FORMAT and manifest.get("version") == _VERSION
+        and manifest.get("format") == MANIFEST_FORMAT and manifest.get("version") == MANIFEST_VERSION
         and all(_is_plain_name(name) and isinstance(record, dict) and _is_count(record.get("size"))
                 and _is_count(record.get("crc32")) for name, record in files.items())
     )
     if not valid:
         raise CheckpointError(
-            f"{path} is not a valid version-{_VERSION} fittrain manifest. Received: "
+            f"{path} is not a valid version-{MANIFEST_VERSION} fittrain manifest. Received: "
             f"{_short(manifest)}. The checkpoint is damaged or was written by another version; "
             "load an earlier checkpoint or use the fittrain that wrote it."
         )
@@ -439,7 +255,7 @@ class CheckpointReader:
             raise
         except Exception as err:
             raise CheckpointError(
-                f"Checkpoint file {str(path)!r} {refusal}. Detail: {_brief(err)}"
+                f"Checkpoint file {str(path)!r} {refusal}. Detail: {brief(err)}"
             ) from err
 
     def read_bytes(self, name: str) -> bytes:
@@ -541,30 +357,3 @@ def is_intact(directory: str | os.PathLike[str]) -> bool:
     except (CheckpointError, OSError):
         return False
     return True
-
-
-def list_checkpoints(
-    root: str | os.PathLike[str], prefix: str = "checkpoint_"
-) -> list[pathlib.Path]:
-    """Lists the folders named ``{prefix}{int}`` directly under `root`, oldest first.
-
-    Temporary folders and other names are ignored. Complete and incomplete folders are both
-    listed; use `is_intact` to pick a loadable one.
-
-    Args:
-        root: The folder holding the checkpoints.
-        prefix: The name before the number.
-
-    Returns:
-        The folders, sorted by their number ascending; empty when `root` does not exist.
-    """
-    pattern = re.compile(re.escape(prefix) + r"([0-9]+)")
-    root_path = pathlib.Path(root)
-    if not root_path.is_dir():
-        return []
-    found = []
-    for entry in root_path.iterdir():
-        match = pattern.fullmatch(entry.name)
-        if match and not entry.name.startswith(".") and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return [path for _, path in sorted(found)]

@@ -1,6 +1,6 @@
 """Checks of a checkpoint's parsed contents against the live run, made before anything is loaded.
 
-`checkpoint.read_state` runs these on every piece it read, so a checkpoint whose contents are
+`restore.read_state` runs these on every piece it read, so a checkpoint whose contents are
 malformed (a `CheckpointError`) or that this run cannot honour (a `CheckpointMismatchError`:
 other models, another optimizer type, precision or process count) is refused, naming the file,
 while every live object is still untouched. Loading the newest checkpoint passes over a damaged
@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .data import DataPosition
+from ..data import DataPosition
+from .errors import CheckpointError, CheckpointMismatchError
 from .rng import check_rng_state
-from .storage import CheckpointError
 
 _NEVER_LOADED = "Nothing was loaded."
 
@@ -31,11 +31,6 @@ def _is_count(value: Any, least: int = 0) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:80] + "..."
-
-
-class CheckpointMismatchError(CheckpointError):
-    """An intact checkpoint that this run cannot continue from (other models, optimizers, precision
-    or number of processes, or registered objects that refuse their state)."""
 
 
 def _refuse(path: pathlib.Path, problem: str, fix: str) -> CheckpointError:

@@ -1,9 +1,9 @@
 """Checkpoint folders written on a background thread while training goes on.
 
 `Accelerator.save_state(async_save=True)` captures the state on the calling thread
-(`checkpoint.capture_state`, after any collective such as FSDP's gathering), copying every tensor
+(`snapshot.capture_state`, after any collective such as FSDP's gathering), copying every tensor
 into `StagingBuffers` on the CPU, then hands the writing to a `PendingCheckpoint` and returns.
-The folder is still written through `storage.atomic_checkpoint`, so it appears under its name
+The folder is still written through `folder.atomic_checkpoint`, so it appears under its name
 only when complete; until then, or after a crash, there is at most a hidden
 `.checkpoint_N.tmp` folder that nothing loads.
 
@@ -25,9 +25,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .state import ProcessState, collective_timeout
-from .storage import no_barrier
-from .teardown import exiting_on_error
+from ..state import ProcessState, collective_timeout
+from ..teardown import exiting_on_error
+from .folder import no_barrier
 
 
 class PendingCheckpoint:
@@ -195,7 +195,7 @@ class BackgroundCheckpoints:
         """Waits for the write in flight, then returns the copy function for the next snapshot.
 
         Returns:
-            A function that copies a state into CPU buffers, for `checkpoint.capture_state`.
+            A function that copies a state into CPU buffers, for `snapshot.capture_state`.
         """
         self.wait()  # its buffers are reused now
         self._buffers.reset()

@@ -1,0 +1,49 @@
+"""Checkpoints: crash-safe, verified folders that save and restore a whole run.
+
+One folder (its files: `snapshot`), written atomically and verified on every read:
+
+    {project_dir}/checkpoints/checkpoint_{i}/     automatic naming (`naming`); any folder otherwise
+        model.safetensors, optimizer.pt, ...      weights, state dicts (weights_only), scaler.pt
+        random_states_{rank}.pt                   every RNG of each rank
+        custom_checkpoint_{i}.pt                  objects given to register_for_checkpointing
+        accelerator_state.json                    step, data positions, process count, precision
+        manifest.json                             every file's size and CRC32, written last
+    {project_dir}/checkpoints/.checkpoint_{i}.tmp a save in progress, claimed by one writer
+
+Save (`Accelerator.save_state`, in `fittrain.checkpoint_methods`):
+    naming.reserve_target      the main process claims the next number, and tells every process
+    snapshot.capture_state     live objects -> a StateSnapshot of plain data (for async_save=True
+                               copied into reused CPU buffers, then written by `background`)
+    snapshot.write_checkpoint  folder.atomic_checkpoint: each rank streams its files (fastio),
+                               the main rank writes the manifest last and renames (renames)
+    ProjectConfiguration.prune after the commit only: a failed save deletes nothing
+
+Load (`Accelerator.load_state`, `Trainer(resume_from=...)`):
+    latest.load_newest         newest first; a damaged or pruned folder is passed over
+    reader.CheckpointReader    each file checked against the manifest before it is parsed
+    restore.read_state         read everything, `checks` it against the live run; changes nothing
+    restore.apply_state        restore the live objects, RNG (`rng`) last
+
+Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); latest (which folder
+"latest" is); snapshot (what is saved; capture, write); restore (read, check, apply); checks
+(parsed contents against the live run); errors (CheckpointError and its subclasses); folder
+(atomic_checkpoint, manifest); reader (CheckpointReader, is_intact, JSON limits); fastio
+(CheckpointWriter, streamed checksummed files); temp_folders (claimed temporary folders); renames
+(no-replace and exchange renames); background (async saves); rng (RNG capture and restore);
+model_io (save_model's safetensors weights, sharded in the Hugging Face layout).
+"""
+
+from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
+from .fastio import MANIFEST_NAME, CheckpointWriter
+from .folder import atomic_checkpoint
+from .latest import latest_checkpoint, load_newest
+from .model_io import load_model_weights, save_model_weights
+from .naming import CHECKPOINTS_DIR, ProjectConfiguration, list_checkpoints
+from .reader import CheckpointReader, is_intact
+
+__all__ = [
+    "CHECKPOINTS_DIR", "MANIFEST_NAME", "CheckpointDeletedError", "CheckpointError",
+    "CheckpointMismatchError", "CheckpointReader", "CheckpointWriter", "ProjectConfiguration",
+    "atomic_checkpoint", "is_intact", "latest_checkpoint", "list_checkpoints", "load_model_weights",
+    "load_newest", "save_model_weights",
+]

@@ -1,0 +1,115 @@
+"""Which checkpoint "latest" means: the newest intact folder, and the newest that loads.
+
+`latest_checkpoint` checks every file of a candidate against its manifest, newest first, and
+warns about each damaged folder it passes over; `load_newest` also passes over one whose files are
+refused only when they are parsed. A folder pruned meanwhile by a run still saving is passed over
+silently; a `CheckpointMismatchError` is never passed over (an older folder would not fit either).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable
+
+from .checks import check_meta_fields
+from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
+from .naming import PREFIX, list_checkpoints
+from .reader import CheckpointReader
+from .snapshot import META_NAME
+
+# How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
+_LISTINGS = 20
+
+
+def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
+                      damaged: set[pathlib.Path] | None = None) -> pathlib.Path:
+    """The newest intact `checkpoint_{i}` under `root`, warning about damaged newer ones.
+
+    Every file of a candidate is checked against its manifest (size and CRC32); the warning for a
+    folder passed over names the file that failed. A folder that vanishes while it is checked was
+    pruned by a run still saving, which commits a newer one first: the listing is read again,
+    without a warning.
+
+    Args:
+        root: The folder holding the checkpoints.
+        warn: Called with the warning for each damaged folder passed over.
+        damaged: Folders already known to be damaged, passed over without a look; the damaged
+            folders found are added to it.
+
+    Raises:
+        FileNotFoundError: when `root` holds no intact checkpoint.
+    """
+    damaged = set() if damaged is None else damaged
+    for _ in range(_LISTINGS):
+        found, vanished = _newest_intact(list_checkpoints(root, PREFIX), warn, damaged)
+        if found is not None or not vanished:
+            break
+    if found is None:
+        raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
+    return found
+
+
+def load_newest(root: pathlib.Path, warn: Callable[[str], None], load: Callable[[pathlib.Path], Any]) -> Any:
+    """Loads the newest loadable checkpoint under `root` with `load`, and returns what it returns.
+
+    A folder whose files prove damaged only when `load` reads them (their checksums match, but a
+    file is refused, such as a planted pickle) is passed over with a warning, like one that fails
+    its checksums; one pruned meanwhile is passed over silently. `load` changes nothing when it
+    raises, so the next older folder can be tried.
+
+    Raises:
+        FileNotFoundError: when no loadable checkpoint is left.
+        CheckpointMismatchError: when the newest intact checkpoint does not fit this run (an older
+            one would not either).
+    """
+    damaged: set[pathlib.Path] = set()
+    pruned = 0
+    while True:  # each turn adds a folder to `damaged` or counts a pruned one: it ends
+        folder = latest_checkpoint(root, warn, damaged)
+        try:
+            return load(folder)
+        except CheckpointMismatchError:
+            raise
+        except (CheckpointDeletedError, FileNotFoundError):
+            pruned += 1  # pruned after it was chosen: a newer one exists, so choose again
+            if pruned >= _LISTINGS:
+                raise
+        except CheckpointError as err:
+            damaged.add(folder)
+            warn(f"Skipping checkpoint {folder}: it is damaged, so an older one is used. Detail: {err}")
+
+
+def _verify(reader: CheckpointReader) -> None:
+    """Checks every file's checksum, and that accelerator_state.json is there and well formed.
+
+    That file is small and parsed here too, so a garbled one (with a matching checksum) counts as
+    damage, which "latest" skips, rather than failing the load that would follow.
+    """
+    reader.verify()
+    if not reader.has(META_NAME):
+        raise CheckpointError(f"Checkpoint {reader.path} is incomplete: it has no {META_NAME}.")
+    check_meta_fields(reader.path / META_NAME, reader.read_json(META_NAME))
+
+
+def _newest_intact(folders: list[pathlib.Path], warn: Callable[[str], None],
+                   damaged: set[pathlib.Path]) -> tuple[pathlib.Path | None, bool]:
+    """The newest intact folder of `folders` (or None), and whether one vanished while checked.
+
+    Folders in `damaged` are skipped; newly found damaged ones are added and warned about once.
+    """
+    for folder in reversed(folders):
+        if folder in damaged:
+            continue
+        try:
+            _verify(CheckpointReader(folder))
+            return folder, False
+        except CheckpointDeletedError:
+            return None, True
+        except FileNotFoundError:
+            return None, True  # renamed away between the listing and the first look
+        except (CheckpointError, OSError) as err:
+            damaged.add(folder)
+            warn(f"Skipping checkpoint {folder}: it is incomplete or damaged, so an older one is used. "
+                 f"Detail: {err}")
+    return None, False
+

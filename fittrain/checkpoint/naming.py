@@ -1,0 +1,194 @@
+"""Automatic checkpoint names: `ProjectConfiguration`, numbering, reservation and pruning.
+
+With automatic naming, `save_state()` writes `{project_dir}/checkpoints/checkpoint_{i}`. The main
+process reserves the number (`reserve_target`, through `temp_folders.reserve_numbered`), so
+writers sharing a project never pick the same one; `ProjectConfiguration.prune` deletes the oldest
+folders beyond `total_limit`, hiding each under a temporary name first. `list_checkpoints` lists
+the numbered folders, complete or not; `latest` picks the loadable one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import shutil
+from typing import Any, Callable
+
+from .errors import CheckpointError
+from .temp_folders import TempFolder, raise_if_no_space, reserve_numbered
+
+CHECKPOINTS_DIR = "checkpoints"
+PREFIX = "checkpoint_"
+
+
+@dataclasses.dataclass
+class ProjectConfiguration:
+    """Where a project keeps its checkpoints and logs, and how checkpoints are named.
+
+    With `automatic_checkpoint_naming`, `save_state()` writes
+    `{project_dir}/checkpoints/checkpoint_{iteration}`, keeps at most `total_limit` of them, and
+    `load_state()` loads the newest complete one.
+
+    Args:
+        project_dir: Root folder of the project; defaults to the working directory.
+        logging_dir: Where loggers write; defaults to `{project_dir}/logs`.
+        automatic_checkpoint_naming: Name checkpoint folders automatically.
+        total_limit: Keep at most this many automatic checkpoints (oldest are deleted).
+        iteration: Number of the next automatic checkpoint.
+        save_on_each_node: Accepted for Accelerate compatibility; fittrain writes shared files once.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ValueError(
+                f"`total_limit` must be a positive int or None. Received: total_limit={self.total_limit!r}."
+            )
+        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
+            # A negative number names a folder (`checkpoint_-3`) that "latest" never finds.
+            raise ValueError(
+                "`ProjectConfiguration(iteration=...)` must be an int >= 0, the number of the next "
+                f"automatic checkpoint. Received: iteration={self.iteration!r:.80}. Pass 0 to start "
+                "from checkpoint_0 (existing checkpoints are never overwritten)."
+            )
+        self.set_directories(self.project_dir)
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Sets `project_dir` and derives `logging_dir` from it when none was given."""
+        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        if self.logging_dir is None and self.project_dir is not None:
+            self.logging_dir = os.path.join(self.project_dir, "logs")
+
+    @property
+    def checkpoints_dir(self) -> pathlib.Path:
+        """The folder that holds automatically named checkpoints."""
+        return pathlib.Path(self.project_dir or ".") / CHECKPOINTS_DIR
+
+    def next_checkpoint_dir(self) -> pathlib.Path:
+        """The folder for the next automatic save; never one that already exists."""
+        existing = [int(p.name[len(PREFIX):]) for p in list_checkpoints(self.checkpoints_dir, PREFIX)]
+        self.iteration = max([self.iteration, *(i + 1 for i in existing)])
+        return self.checkpoints_dir / f"{PREFIX}{self.iteration}"
+
+    def reserve_next_checkpoint(self) -> TempFolder:
+        """Claims the temporary folder of the next automatic checkpoint (on the main process).
+
+        The number is the first from `next_checkpoint_dir()`'s on that neither names a folder nor
+        is being written by another live writer (another job, another Accelerator), so writers
+        sharing the project never pick the same number. `iteration` moves past it.
+
+        Returns:
+            The claimed folder; its `number` names the checkpoint. Commit it with `write_checkpoint`,
+            or `release()` it.
+        """
+        self.next_checkpoint_dir()  # moves `iteration` past the existing folders
+        reserved = reserve_numbered(self.checkpoints_dir, PREFIX, self.iteration)
+        self.iteration = reserved.number + 1
+        return reserved
+
+    def after_load(self, loaded: pathlib.Path) -> None:
+        """Continues automatic numbering after the checkpoint just loaded."""
+        name = loaded.name
+        if name.startswith(PREFIX) and name[len(PREFIX):].isdigit():
+            self.iteration = max(self.iteration, int(name[len(PREFIX):]) + 1)
+
+    def prune(self) -> None:
+        """Deletes the oldest automatic checkpoints beyond `total_limit`."""
+        if self.total_limit is None:
+            return
+        root = self.checkpoints_dir
+        for stale in root.glob(f".{PREFIX}*{_DELETING}"):  # left by a crash during an earlier prune
+            shutil.rmtree(stale, ignore_errors=True)
+        for old in list_checkpoints(root, PREFIX)[:-self.total_limit]:
+            _delete_checkpoint(old)
+
+
+def reserve_target(config: ProjectConfiguration, is_main_process: bool,
+                   share: Callable[[Any], Any]) -> tuple[pathlib.Path, TempFolder | None]:
+    """Reserves the next automatic checkpoint folder on the main process and tells every process.
+
+    Args:
+        config: The project's configuration (automatic naming).
+        is_main_process: Whether this process reserves the folder.
+        share: Returns the main process's value on every process (a broadcast).
+
+    Returns:
+        The checkpoint folder, and on the main process the temporary folder it claimed.
+
+    Raises:
+        OSError: The reservation failed (a full disk names the folder); on the other processes a
+            `CheckpointError` repeats its message, so no process waits for the others in vain.
+    """
+    reserved, failure = None, None
+    if is_main_process:
+        try:
+            reserved = config.reserve_next_checkpoint()
+        except Exception as err:
+            failure = err
+    try:
+        number, message = share((reserved and reserved.number, failure and str(failure)))
+    except BaseException:
+        if reserved is not None:
+            reserved.release()
+        raise
+    if failure is not None:
+        raise_if_no_space(failure, config.checkpoints_dir)
+        raise failure
+    if message is not None:
+        raise CheckpointError(f"The main process could not reserve the next checkpoint folder under "
+                              f"{config.checkpoints_dir}: {message}")
+    config.iteration = number + 1
+    return config.checkpoints_dir / f"{PREFIX}{number}", reserved
+
+
+_DELETING = ".deleting"
+
+
+def _delete_checkpoint(folder: pathlib.Path) -> None:
+    """Removes a checkpoint folder, hiding it under a temporary name first.
+
+    A crash in the middle of deleting then leaves a hidden folder that is never listed, instead
+    of a half-deleted `checkpoint_{i}` that would look like a damaged checkpoint.
+    """
+    hidden = folder.parent / f".{folder.name}{_DELETING}"
+    shutil.rmtree(hidden, ignore_errors=True)
+    try:
+        os.rename(folder, hidden)
+    except OSError:
+        return  # another process removed it already
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def list_checkpoints(
+    root: str | os.PathLike[str], prefix: str = "checkpoint_"
+) -> list[pathlib.Path]:
+    """Lists the folders named ``{prefix}{int}`` directly under `root`, oldest first.
+
+    Temporary folders and other names are ignored. Complete and incomplete folders are both
+    listed; use `is_intact` to pick a loadable one.
+
+    Args:
+        root: The folder holding the checkpoints.
+        prefix: The name before the number.
+
+    Returns:
+        The folders, sorted by their number ascending; empty when `root` does not exist.
+    """
+    pattern = re.compile(re.escape(prefix) + r"([0-9]+)")
+    root_path = pathlib.Path(root)
+    if not root_path.is_dir():
+        return []
+    found = []
+    for entry in root_path.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match and not entry.name.startswith(".") and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]

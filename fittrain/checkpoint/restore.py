@@ -1,0 +1,131 @@
+"""load_state's two steps: read and check every file (`read_state`), then apply it (`apply_state`).
+
+`read_state` changes no live object: accelerator_state.json comes first, so another process count
+or precision is refused before the large files are read, and every piece is then checked by
+`checks` against what will load it. `apply_state` restores the live objects, RNG last. A refused
+checkpoint therefore changes nothing. Nothing is ever read by unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable
+
+from . import checks
+from .errors import CheckpointError, CheckpointMismatchError
+from .reader import CheckpointReader
+from .rng import restore_rng_state
+from .snapshot import META_NAME, StateParts, indexed_name
+
+
+def _require(reader: CheckpointReader, name: str, what: str) -> None:
+    if not reader.has(name):
+        raise CheckpointMismatchError(
+            f"Checkpoint {reader.path} has no {name}, but this run has {what}. Prepare the same models, "
+            "optimizers and schedulers, in the same order, as the run that saved it."
+        )
+
+
+def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any:
+    """Reads and checks every rank's RNG file (small), returning this rank's state.
+
+    Every rank checks them all, so that every rank finds the same checkpoint damaged or intact
+    and, when loading the newest, all of them pass over the same ones.
+    """
+    mine = None
+    for i in range(processes):
+        name = f"random_states_{i}.pt"
+        if not reader.has(name):
+            raise CheckpointError(f"Checkpoint {reader.path} has no {name}, but its {META_NAME} says it was "
+                                  f"saved by {processes} processes. The checkpoint is damaged; load an earlier one.")
+        state = reader.read_torch(name)
+        checks.check_rng(reader.path / name, state)
+        mine = state if i == rank else mine
+    return mine
+
+
+def _read_meta(reader: CheckpointReader, live: dict[str, Any]) -> dict[str, Any]:
+    """Reads and checks accelerator_state.json first: it says whether this run can resume at all."""
+    if not reader.has(META_NAME):
+        raise CheckpointError(
+            f"Checkpoint {reader.path} has no {META_NAME}, which holds the step counter, the data positions and "
+            "the process count; without it a resume cannot continue exactly. Nothing was loaded. Load a "
+            "checkpoint that save_state wrote completely.")
+    meta = reader.read_json(META_NAME)
+    checks.check_meta(reader.path / META_NAME, meta, live)
+    return meta
+
+
+def _file_names(parts: StateParts) -> dict[str, list[str]]:
+    return {
+        "models": [indexed_name("model", i, "safetensors") for i in range(len(parts.model_state_dicts))],
+        "optimizers": [indexed_name("optimizer", i, "pt") for i in range(len(parts.optimizers))],
+        "schedulers": [indexed_name("scheduler", i, "pt") for i in range(len(parts.schedulers))],
+        "custom": [f"custom_checkpoint_{i}.pt" for i in range(len(parts.custom))],
+    }
+
+
+def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
+    """Reads and checks every file this process needs, without changing any live object.
+
+    accelerator_state.json comes first (another process count or precision is refused before the
+    large files are read). Every piece is then checked against what loads it: optimizers against
+    the prepared ones, the RNG state on fresh generators, the data positions' fields, so that
+    `apply_state` cannot fail half-way (models: `check_model_states`).
+
+    Returns:
+        The loaded pieces, to hand to `apply_state` once all of them proved intact.
+    """
+    meta = _read_meta(reader, parts.accelerator_state)
+    names = _file_names(parts)
+    for kind, files in names.items():
+        for name in files:
+            _require(reader, name, f"a matching entry among its {kind}")
+    loaded = {
+        "models": [reader.read_tensors(n) for n in names["models"]],
+        "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
+        "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
+        "custom": [reader.read_torch(n) for n in names["custom"]],
+        "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
+        "rng": _read_rng_states(reader, meta["num_processes"], rank),
+        "meta": meta, "folder": reader.path, "names": names,
+    }
+    _check_loaded(reader.path, loaded, parts)
+    return loaded
+
+
+def _check_loaded(folder: pathlib.Path, loaded: dict[str, Any], parts: StateParts) -> None:
+    names, n = loaded["names"], len(parts.optimizers)
+    types = loaded["meta"].get("optimizer_types")  # absent from checkpoints of older versions
+    if not (isinstance(types, list) and len(types) == n):
+        types = [None] * n
+    for name, live, saved, saved_type in zip(names["optimizers"], parts.optimizers, loaded["optimizers"], types):
+        checks.check_optimizer(folder / name, live, saved, saved_type if isinstance(saved_type, str) else None)
+    for name, state in zip(names["schedulers"], loaded["schedulers"]):
+        checks.check_dict(folder / name, state, "an LR scheduler")
+    if loaded["scaler"]:
+        checks.check_scaler(folder / "scaler.pt", loaded["scaler"], parts.precision.state_dict())
+
+
+def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None],
+                load_optimizer: Callable[[int, dict], None]) -> None:
+    """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
+
+    Schedulers and registered objects load first, all or none: their own load_state_dict may still
+    refuse a state that `read_state` could not judge, and then the ones already loaded get their
+    previous state back and `CheckpointError` names the file, before any model, optimizer or RNG
+    is touched. What follows was fully checked by `read_state`. Models and optimizers load through
+    callables, which reshard full states under FSDP2.
+    """
+    names = loaded["names"]
+    checks.load_all_or_none(loaded["folder"], [
+        *zip(names["schedulers"], parts.schedulers, loaded["schedulers"]),
+        *zip(names["custom"], parts.custom, loaded["custom"])])
+    parts.precision.load_state_dict(loaded["scaler"])
+    for i, state_dict in enumerate(loaded["models"]):
+        load_model(i, state_dict)
+    for i, state in enumerate(loaded["optimizers"]):
+        load_optimizer(i, state)
+    for dl, state in zip(parts.dataloaders, loaded["meta"]["dataloaders"]):
+        dl.load_state_dict(state)
+    restore_rng_state(loaded["rng"])

@@ -1,0 +1,158 @@
+"""What goes into a checkpoint folder: live objects captured as a `StateSnapshot`, then written.
+
+Layout of one folder (written atomically through `folder.atomic_checkpoint`):
+
+    model.safetensors, model_1.safetensors, ...   unwrapped weights; load with safetensors alone
+    optimizer.pt, optimizer_1.pt, ...            optimizer state_dicts (weights_only)
+    scheduler.pt, ...                             LR scheduler state_dicts (weights_only)
+    scaler.pt                                     fp16 GradScaler state, when fp16 is on
+    random_states_{rank}.pt                       Python/NumPy/torch/CUDA RNG, one file per rank
+    custom_checkpoint_{i}.pt                      objects given to register_for_checkpointing
+    accelerator_state.json                        step counter, data positions, world size
+    manifest.json                                 every file's size and crc32, written last
+
+A save first captures the state into a `StateSnapshot` of plain data (`capture_state`), then
+writes it (`write_checkpoint`); with copies in the snapshot, the writing can run on a background
+thread (`background`). `restore` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .fastio import CheckpointWriter
+from .folder import atomic_checkpoint
+from .rng import capture_rng_state
+from .temp_folders import TempFolder
+
+# The step counter, data positions and process count; read first on load: it says whether a run can resume.
+META_NAME = "accelerator_state.json"
+
+
+def indexed_name(base: str, i: int, ext: str) -> str:
+    """The name of the `i`-th file of a kind: `model.safetensors`, `model_1.safetensors`, ..."""
+    return f"{base}{'' if i == 0 else f'_{i}'}.{ext}"
+
+
+@dataclasses.dataclass
+class StateParts:
+    """The live objects whose state one checkpoint captures.
+
+    Attributes:
+        model_state_dicts: Full state dicts of the unwrapped models (gathered under FSDP2).
+        optimizer_state_dicts: Full optimizer state dicts (gathered under FSDP2).
+        optimizers, schedulers, dataloaders, custom: Objects with state_dict/load_state_dict.
+        precision: The precision object (its scaler state is saved when fp16 is on).
+        accelerator_state: Small JSON-safe facts, such as the accumulation step counter.
+    """
+
+    model_state_dicts: list[dict[str, torch.Tensor]]
+    optimizer_state_dicts: list[dict[str, Any]]
+    optimizers: Sequence[Any]
+    schedulers: Sequence[Any]
+    dataloaders: Sequence[Any]
+    custom: Sequence[Any]
+    precision: Any
+    accelerator_state: dict[str, Any]
+
+
+@dataclasses.dataclass
+class StateSnapshot:
+    """What one process writes into one checkpoint, captured as plain data.
+
+    Capturing and writing are separate steps so that the writing can happen on a background
+    thread while training goes on: the writer only ever reads this object, never a live one.
+    Off the main process only the RNG states are captured, since only they are written there.
+
+    Attributes:
+        rank: The process's rank; it names the RNG file.
+        is_main_process: Whether this process writes the shared files.
+        rng: This process's RNG states, as `capture_rng_state` returns them.
+        models, optimizers, schedulers, custom: State dicts, one per file, in file order.
+        scaler: The fp16 GradScaler's state; empty without one (no file is written then).
+        meta: The contents of accelerator_state.json, data positions included.
+    """
+
+    rank: int
+    is_main_process: bool
+    rng: dict[str, Any]
+    models: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    optimizers: list[Any] = dataclasses.field(default_factory=list)
+    schedulers: list[Any] = dataclasses.field(default_factory=list)
+    custom: list[Any] = dataclasses.field(default_factory=list)
+    scaler: dict[str, Any] = dataclasses.field(default_factory=dict)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def capture_state(parts: StateParts, rank: int, is_main_process: bool,
+                  stage: Callable[[Any], Any] | None = None) -> StateSnapshot:
+    """Reads every piece of state one checkpoint holds, RNG first, into a `StateSnapshot`.
+
+    Args:
+        parts: The live objects (with the model and optimizer state dicts already gathered).
+        rank: This process's rank.
+        is_main_process: Whether this process writes the shared files.
+        stage: Copies a state (a tree of containers and tensors) into memory of its own on the
+            CPU, so that training may keep mutating the live tensors in place while the snapshot
+            is written (`background.StagingBuffers.copy`). Without it the snapshot shares
+            the live tensors (no copy, no extra memory) and must be written before training continues.
+
+    Returns:
+        The snapshot, ready for `write_snapshot`.
+    """
+    rng = capture_rng_state()  # fresh tensors: never shared with the live generators
+    if not is_main_process:
+        return StateSnapshot(rank, False, rng)
+    own = stage or _same
+    meta = dict(parts.accelerator_state, dataloaders=[dl.state_dict() for dl in parts.dataloaders])
+    return StateSnapshot(
+        rank, True, rng,
+        models=[own(state_dict) for state_dict in parts.model_state_dicts],
+        optimizers=[own(state) for state in parts.optimizer_state_dicts],
+        schedulers=[own(sched.state_dict()) for sched in parts.schedulers],
+        custom=[own(obj.state_dict()) for obj in parts.custom],
+        scaler=own(parts.precision.state_dict()), meta=own(meta))
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
+    """Writes every file of one checkpoint from a snapshot; shared files from the main process only."""
+    writer.write_torch(f"random_states_{snapshot.rank}.pt", snapshot.rng)
+    if not snapshot.is_main_process:
+        return
+    for i, state_dict in enumerate(snapshot.models):
+        writer.write_tensors(indexed_name("model", i, "safetensors"), state_dict, {"format": "pt"})
+    for i, state in enumerate(snapshot.optimizers):
+        writer.write_torch(indexed_name("optimizer", i, "pt"), state)
+    for i, state in enumerate(snapshot.schedulers):
+        writer.write_torch(indexed_name("scheduler", i, "pt"), state)
+    for i, state in enumerate(snapshot.custom):
+        writer.write_torch(f"custom_checkpoint_{i}.pt", state)
+    if snapshot.scaler:
+        writer.write_torch("scaler.pt", snapshot.scaler)
+    writer.write_json(META_NAME, snapshot.meta)
+
+
+def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Callable[[], None],
+                     after_commit: Callable[[], None] | None = None, reserved: TempFolder | None = None) -> None:
+    """Writes a snapshot as a complete checkpoint folder (atomically), then runs `after_commit`.
+
+    Every process calls it with the same `folder`; `barrier` synchronises them (on the thread
+    this runs on). `after_commit`, such as pruning old checkpoints, runs only once the folder is
+    in place, so a failed save never deletes an older checkpoint. `reserved` is the main process's
+    claim from `ProjectConfiguration.reserve_next_checkpoint` (automatic naming): the folder is
+    then committed without ever replacing one. Without it an existing `folder` is replaced.
+    """
+    with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier,
+                           reserved=reserved) as writer:
+        write_snapshot(writer, snapshot)
+    if after_commit is not None:
+        after_commit()
+
