@@ -19,6 +19,8 @@ from .snapshot import META_NAME
 
 # How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
 _LISTINGS = 20
+# How many listings that show no intact checkpoint (and no folder vanishing) it takes to believe it.
+_EMPTY_LISTINGS = 3
 
 
 def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
@@ -40,13 +42,17 @@ def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
         FileNotFoundError: when `root` holds no intact checkpoint.
     """
     damaged = set() if damaged is None else damaged
-    for _ in range(_LISTINGS):
+    for listing in range(_LISTINGS):
         found, vanished = _newest_intact(list_checkpoints(root, PREFIX), warn, damaged)
-        if found is not None or not vanished:
+        if found is not None:
+            return found
+        # Nothing intact. A folder that vanished while it was checked was pruned after a newer one
+        # was committed; and a listing read while another process renames folders may miss both
+        # the new folder and the old one (readdir does not see a directory at one instant). So a
+        # listing that found nothing is read again before this concludes there is no checkpoint.
+        if not vanished and listing >= _EMPTY_LISTINGS - 1:
             break
-    if found is None:
-        raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
-    return found
+    raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
 
 
 def load_newest(root: pathlib.Path, warn: Callable[[str], None], load: Callable[[pathlib.Path], Any]) -> Any:

@@ -154,13 +154,13 @@ def slow_down_saves(seconds: float) -> None:
     """Makes every checkpoint file write take longer, so a kill can land inside a save."""
     from fittrain.checkpoint import CheckpointWriter
 
-    original = CheckpointWriter.write_bytes
+    original = CheckpointWriter._write_file  # every write_* method ends there
 
-    def write_bytes(self, name, data):
-        original(self, name, data)
+    def write_file(self, name, fill):
+        original(self, name, fill)
         time.sleep(seconds)
 
-    CheckpointWriter.write_bytes = write_bytes
+    CheckpointWriter._write_file = write_file
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
