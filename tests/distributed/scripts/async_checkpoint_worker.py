@@ -21,14 +21,17 @@ import torch
 import torch.nn.functional as F
 
 import training
-from fittrain import Accelerator, ProjectConfiguration, checkpoint
+from fittrain import Accelerator, ProjectConfiguration, checkpoint_methods
+from fittrain.checkpoint import snapshot
 
 SAVE_EVERY = 4
 
 
 def slow_down_writes(rank: int, intervals: list[tuple[float, float]]) -> None:
     """Makes each write sleep before its files, and records when each whole write ran."""
-    write_snapshot, write_checkpoint = checkpoint.write_snapshot, checkpoint.write_checkpoint
+    # Each name is patched where it is looked up: write_checkpoint calls snapshot.write_snapshot,
+    # and save_state calls the write_checkpoint that checkpoint_methods imported.
+    write_snapshot, write_checkpoint = snapshot.write_snapshot, checkpoint_methods.write_checkpoint
 
     def slow_snapshot(writer: Any, snapshot: Any) -> None:
         time.sleep(0.4 if rank == 1 else 0.05)
@@ -39,7 +42,7 @@ def slow_down_writes(rank: int, intervals: list[tuple[float, float]]) -> None:
         write_checkpoint(*args)
         intervals.append((start, time.monotonic()))
 
-    checkpoint.write_snapshot, checkpoint.write_checkpoint = slow_snapshot, timed_checkpoint
+    snapshot.write_snapshot, checkpoint_methods.write_checkpoint = slow_snapshot, timed_checkpoint
 
 
 def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
