@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from . import collectives, parallel
-from .batches import BatchesShard
+from .data import BatchesShard
 from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
@@ -222,7 +222,7 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         """Prepares one DataLoader, optionally overriding this Accelerator's placement and padding.
 
         Besides a DataLoader it takes a list (or any re-iterable sized sequence) of ready batches,
-        which is iterated as it is: see `fittrain.batches`. Evaluation loops may pass
+        which is iterated as it is: see `fittrain.data.batches`. Evaluation loops may pass
         `even_batches=False` so no sample is repeated.
         """
         if isinstance(data_loader, (PositionedSource, SkippedDataLoader)):

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .accelerator import Accelerator
-from .batches import check_batches
+from .data import check_batches
 from .checkpoint.latest import latest_checkpoint, load_newest
 from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
 from .events import Callback, EventDispatcher, check_callbacks

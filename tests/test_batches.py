@@ -1,4 +1,4 @@
-"""Lists of ready batches as a data source (fittrain/batches.py), alone and under Trainer.fit.
+"""Lists of ready batches as a data source (fittrain/data/batches.py), alone and under Trainer.fit.
 
 Sharding is checked on one process by building `BatchesShard` for each rank, as tests/test_data.py
 does for DataLoaders: the rank arithmetic is the same as in a real group. A real 2-process run is
@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Trainer, TrainModule
-from fittrain.batches import BatchesShard
+from fittrain.data import BatchesShard
 from fittrain.callbacks import Checkpointer
 from fittrain.sync import GradientState
 

@@ -1,4 +1,4 @@
-"""The prepared DataLoader (fittrain/data.py): placement, seeded shuffling, skipping, sharding.
+"""The prepared DataLoader (fittrain/data/): placement, seeded shuffling, skipping, sharding.
 
 Expectations come from plain PyTorch (a `DataLoader` over the same dataset) or from the sharding
 rule written out by hand for tiny datasets, never from the code under test. Sharding is tested

@@ -147,7 +147,7 @@ def test_worker_augmentation_is_a_function_of_seed_epoch_and_batch():
 SABOTAGES = {
     "nothing": None,  # the control: this in-process resume must match, so the others' failures mean something
     "rng": ("fittrain.checkpoint.restore.restore_rng_state", lambda state: None),
-    "data position": ("fittrain.data.DataLoaderShard.load_state_dict", lambda self, state: None),
+    "data position": ("fittrain.data.map_style.DataLoaderShard.load_state_dict", lambda self, state: None),
     "callback states": ("fittrain.trainer._CallbackStates.load_state_dict", lambda self, state: None),
 }
 

@@ -11,154 +11,15 @@ samples from the start of the epoch so every rank takes the same number of steps
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import random
 from typing import Any, Iterator
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from .sync import GradientState
-
-_SEED_MODULUS = 2**63 - 1
-
-
-def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Moves every tensor inside `obj` to `device`.
-
-    Walks dicts, lists, tuples, namedtuples and dataclasses; other values pass through.
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, dict):
-        return type(obj)((k, send_to_device(v, device, non_blocking)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(send_to_device(v, device, non_blocking) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(send_to_device(v, device, non_blocking) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: send_to_device(getattr(obj, f.name), device, non_blocking)
-                   for f in dataclasses.fields(obj) if f.init}
-        return dataclasses.replace(obj, **changes)
-    return obj
-
-
-def batch_size_of(batch: Any) -> int:
-    """Samples in `batch`: the first dimension of its first tensor (searching tuples, lists and
-    dict values), 1 for a 0-d tensor, 0 when it holds no tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            size = batch_size_of(item)
-            if size:
-                return size
-    return 0
-
-
-def _mix(*values: int) -> int:
-    """A deterministic seed from several integers (Python's hash of ints is not salted)."""
-    return hash(tuple(values)) % _SEED_MODULUS
-
-
-class _SeededBatch(list):
-    """A batch of indices that carries the seed its samples' randomness must use in a worker."""
-
-    seed: int = 0
-
-
-class _WorkerSeededDataset(torch.utils.data.Dataset):
-    """Seeds a worker's RNGs per batch, so `__getitem__` randomness does not depend on which
-    worker loads a batch, on `num_workers`, or on how many batches a resumed run skipped."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        seed = getattr(indices, "seed", None)
-        if seed is not None and get_worker_info() is not None:
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
-            torch.manual_seed(seed)
-        getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(list(indices)) if getitems else [self.dataset[i] for i in indices]
-
-
-def _init_worker(user_init: Any, worker_id: int) -> None:
-    """Makes a worker outlive a preemption signal sent to the whole process group, so the
-    Trainer can finish its step and save; the worker still exits with its parent."""
-    from .preemption import ignore_preemption_signals
-
-    ignore_preemption_signals(worker_id)
-    if user_init is not None:
-        user_init(worker_id)
-
-
-@dataclasses.dataclass
-class DataPosition:
-    """Where a prepared loader stands: enough to rebuild an epoch's order and continue it.
-
-    Attributes:
-        seed: Seed of the shuffle permutation (the same on every rank).
-        epoch: Completed passes; the next pass uses permutation (seed, epoch).
-        batches_consumed: Batches of the current epoch already handed out on this rank.
-    """
-
-    seed: int = 0
-    epoch: int = 0
-    batches_consumed: int = 0
-
-
-class PositionedSource:
-    """What every prepared data source shares: a `DataPosition`, saved and restored by checkpoints,
-    and the per-batch bookkeeping of an epoch (`_emit`)."""
-
-    position: DataPosition
-    gradient_state: GradientState
-    device: torch.device | None
-    _moves_batches: bool = False
-    _non_blocking: bool = False
-
-    def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0) -> Iterator[Any]:
-        """Yields this epoch's batches `skip`..`total - 1` from `batches`, on the device, keeping the
-        position and the accumulation state (`end_of_dataloader`, `remainder`) up to date."""
-        state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder = False, remainder
-        last = total - 1
-        for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
-            position.batches_consumed = index + 1
-            state.end_of_dataloader = index == last
-            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
-        position.epoch += 1
-        position.batches_consumed = 0
-        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
-        state.end_of_dataloader, state.remainder = False, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
-        if epoch != self.position.epoch:
-            self.position.epoch, self.position.batches_consumed = epoch, 0
-
-    def state_dict(self) -> dict[str, int]:
-        """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
-        return dataclasses.asdict(self.position)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restores the position. It never skips by itself: pass `batches_consumed` to
-        `skip_first_batches` to continue a half-finished epoch."""
-        self.position.seed = int(state["seed"])
-        self.position.epoch = int(state["epoch"])
-        self.position.batches_consumed = int(state["batches_consumed"])
+from ..sync import GradientState
+from .position import DataPosition, PositionedSource
+from .workers import SeededBatch, WorkerSeededDataset, init_worker, mix_seed
 
 
 class _ShardedBatchSampler:
@@ -177,7 +38,7 @@ class _ShardedBatchSampler:
     def _indices(self, seed: int, epoch: int) -> list[int]:
         if self.shuffle:
             g = torch.Generator()
-            g.manual_seed(_mix(seed, epoch))
+            g.manual_seed(mix_seed(seed, epoch))
             return torch.randperm(len(self.sampler), generator=g).tolist()
         return list(self.sampler)
 
@@ -223,8 +84,8 @@ class _ShardedBatchSampler:
         for k in range(skip, len(self)):
             batch = self._batch(indices, k)
             if seeded:
-                batch = _SeededBatch(batch)
-                batch.seed = _mix(seed, epoch, k)
+                batch = SeededBatch(batch)
+                batch.seed = mix_seed(seed, epoch, k)
             yield batch
 
     def padded_remainder(self) -> int:
@@ -302,9 +163,9 @@ class DataLoaderShard(PositionedSource):
             kwargs = dict(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
                           multiprocessing_context=loader.multiprocessing_context)
         return DataLoader(
-            _WorkerSeededDataset(loader.dataset) if workers > 0 else loader.dataset,
+            WorkerSeededDataset(loader.dataset) if workers > 0 else loader.dataset,
             batch_sampler=self.batch_sampler, num_workers=workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=functools.partial(_init_worker, loader.worker_init_fn),
+            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=functools.partial(init_worker, loader.worker_init_fn),
             generator=self._generator, **kwargs)
 
     @property
@@ -347,7 +208,7 @@ class DataLoaderShard(PositionedSource):
     def _start_inner(self) -> Iterator[Any]:
         # The worker base seed comes from our own generator, not the global RNG, so creating the
         # iterator leaves the global stream exactly where a resumed run restored it.
-        self._generator.manual_seed(_mix(self.position.seed, self.position.epoch, -1))
+        self._generator.manual_seed(mix_seed(self.position.seed, self.position.epoch, -1))
         return iter(self._inner)
 
     def _fetch(self, skip: int) -> Iterator[Any]:
@@ -358,25 +219,3 @@ class DataLoaderShard(PositionedSource):
         position = self.position
         for indices in self.batch_sampler.generate(skip, position.seed, position.epoch, seeded=False):
             yield collate(getitems(indices) if getitems else [dataset[i] for i in indices])
-
-
-class SkippedDataLoader:
-    """One pass of a prepared loader that starts after its first `num_batches` batches.
-
-    It shares the loader's position, so after this pass the loader continues with the next epoch.
-    """
-
-    def __init__(self, loader: DataLoaderShard, num_batches: int) -> None:
-        self.loader = loader
-        self.num_batches = num_batches
-
-    def __len__(self) -> int:
-        return max(len(self.loader) - self.num_batches, 0)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.loader.iterate(skip=self.num_batches)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)

@@ -18,8 +18,9 @@ from typing import Any, Iterator
 
 import torch
 
-from .data import DataPosition, PositionedSource, batch_size_of
-from .sync import GradientState
+from ..sync import GradientState
+from .devices import batch_size_of
+from .position import DataPosition, PositionedSource
 
 
 def check_batches(batches: Any, name: str) -> None:

@@ -1,0 +1,69 @@
+"""Where a prepared data source stands (`DataPosition`), and the per-batch bookkeeping every
+prepared source shares (`PositionedSource`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import torch
+
+from ..sync import GradientState
+from .devices import send_to_device
+
+
+@dataclasses.dataclass
+class DataPosition:
+    """Where a prepared loader stands: enough to rebuild an epoch's order and continue it.
+
+    Attributes:
+        seed: Seed of the shuffle permutation (the same on every rank).
+        epoch: Completed passes; the next pass uses permutation (seed, epoch).
+        batches_consumed: Batches of the current epoch already handed out on this rank.
+    """
+
+    seed: int = 0
+    epoch: int = 0
+    batches_consumed: int = 0
+
+
+class PositionedSource:
+    """What every prepared data source shares: a `DataPosition`, saved and restored by checkpoints,
+    and the per-batch bookkeeping of an epoch (`_emit`)."""
+
+    position: DataPosition
+    gradient_state: GradientState
+    device: torch.device | None
+    _moves_batches: bool = False
+    _non_blocking: bool = False
+
+    def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0) -> Iterator[Any]:
+        """Yields this epoch's batches `skip`..`total - 1` from `batches`, on the device, keeping the
+        position and the accumulation state (`end_of_dataloader`, `remainder`) up to date."""
+        state, position = self.gradient_state, self.position
+        state.end_of_dataloader, state.remainder = False, remainder
+        last = total - 1
+        for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
+            position.batches_consumed = index + 1
+            state.end_of_dataloader = index == last
+            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
+        position.epoch += 1
+        position.batches_consumed = 0
+        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
+        state.end_of_dataloader, state.remainder = False, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
+        if epoch != self.position.epoch:
+            self.position.epoch, self.position.batches_consumed = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
+        return dataclasses.asdict(self.position)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores the position. It never skips by itself: pass `batches_consumed` to
+        `skip_first_batches` to continue a half-finished epoch."""
+        self.position.seed = int(state["seed"])
+        self.position.epoch = int(state["epoch"])
+        self.position.batches_consumed = int(state["batches_consumed"])
