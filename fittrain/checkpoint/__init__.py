@@ -5,6 +5,7 @@ One folder (its files: `snapshot`), written atomically and verified on every rea
     {project_dir}/checkpoints/checkpoint_{i}/     automatic naming (`naming`); any folder otherwise
         model.safetensors, optimizer.pt, ...      weights, state dicts (weights_only), scaler.pt
         random_states_{rank}.pt                   every RNG of each rank
+        data_states_{rank}.pt                     each loader's state on each rank (streams, samplers)
         custom_checkpoint_{i}.pt                  objects given to register_for_checkpointing
         accelerator_state.json                    step, data positions, process count, precision
         manifest.json                             every file's size and CRC32, written last

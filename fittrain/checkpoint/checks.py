@@ -92,6 +92,16 @@ def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str)
                           f"Received: {_short(position)}", damaged)
 
 
+def check_data_states(path: pathlib.Path, states: Any, count: int) -> None:
+    """Checks a rank's data-state file: one dict per loader, each with a valid position."""
+    damaged = "Load an earlier checkpoint; this one is damaged or was not written by save_state."
+    if not (isinstance(states, list) and len(states) == count):
+        raise _refuse(path, f"must hold a list of {count} data loader states (as many as accelerator_state.json "
+                      f"lists). Received: {_short(states)}", damaged)
+    for i, state in enumerate(states):
+        _check_position(path, i, state, damaged)
+
+
 def check_dict(path: pathlib.Path, state: Any, what: str) -> None:
     """Checks that a saved state is a dict, as an LR scheduler's load_state_dict expects.
 

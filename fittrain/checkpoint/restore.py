@@ -44,6 +44,25 @@ def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any
     return mine
 
 
+def _read_data_states(reader: CheckpointReader, processes: int, rank: int, meta: dict[str, Any]) -> list[Any]:
+    """Reads and checks every rank's data-state file, returning this rank's loader states.
+
+    A checkpoint from before these files existed has only the positions in accelerator_state.json.
+    """
+    names = [f"data_states_{i}.pt" for i in range(processes)]
+    if not any(reader.has(name) for name in names):
+        return meta["dataloaders"]
+    mine: list[Any] = []
+    for i, name in enumerate(names):
+        if not reader.has(name):
+            raise CheckpointError(f"Checkpoint {reader.path} has no {name}, but its {META_NAME} says it was "
+                                  f"saved by {processes} processes. The checkpoint is damaged; load an earlier one.")
+        states = reader.read_torch(name)
+        checks.check_data_states(reader.path / name, states, len(meta["dataloaders"]))
+        mine = states if i == rank else mine
+    return mine
+
+
 def _read_meta(reader: CheckpointReader, live: dict[str, Any]) -> dict[str, Any]:
     """Reads and checks accelerator_state.json first: it says whether this run can resume at all."""
     if not reader.has(META_NAME):
@@ -88,7 +107,8 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
         "custom": [reader.read_torch(n) for n in names["custom"]],
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
         "rng": _read_rng_states(reader, meta["num_processes"], rank),
-        "meta": meta, "folder": reader.path, "names": names,
+        "data": _read_data_states(reader, meta["num_processes"], rank, meta),
+        "meta": meta, "folder": reader.path, "names": names, "rank": rank,
     }
     _check_loaded(reader.path, loaded, parts)
     return loaded
@@ -111,21 +131,21 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
                 load_optimizer: Callable[[int, dict], None]) -> None:
     """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
 
-    Schedulers and registered objects load first, all or none: their own load_state_dict may still
-    refuse a state that `read_state` could not judge, and then the ones already loaded get their
-    previous state back and `CheckpointError` names the file, before any model, optimizer or RNG
-    is touched. What follows was fully checked by `read_state`. Models and optimizers load through
+    Schedulers, registered objects and data loaders load first, all or none: their own
+    load_state_dict may still refuse a state that `read_state` could not judge, and then the ones
+    already loaded get their previous state back and `CheckpointError` names the file, before any
+    model, optimizer or RNG is touched. What follows was fully checked by `read_state`. Models and optimizers load through
     callables, which reshard full states under FSDP2.
     """
     names = loaded["names"]
+    data_file = f"data_states_{loaded['rank']}.pt"
     checks.load_all_or_none(loaded["folder"], [
         *zip(names["schedulers"], parts.schedulers, loaded["schedulers"]),
-        *zip(names["custom"], parts.custom, loaded["custom"])])
+        *zip(names["custom"], parts.custom, loaded["custom"]),
+        *((data_file, dl, state) for dl, state in zip(parts.dataloaders, loaded["data"]))])
     parts.precision.load_state_dict(loaded["scaler"])
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
     for i, state in enumerate(loaded["optimizers"]):
         load_optimizer(i, state)
-    for dl, state in zip(parts.dataloaders, loaded["meta"]["dataloaders"]):
-        dl.load_state_dict(state)
     restore_rng_state(loaded["rng"])

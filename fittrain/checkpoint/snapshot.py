@@ -7,6 +7,8 @@ Layout of one folder (written atomically through `folder.atomic_checkpoint`):
     scheduler.pt, ...                             LR scheduler state_dicts (weights_only)
     scaler.pt                                     fp16 GradScaler state, when fp16 is on
     random_states_{rank}.pt                       Python/NumPy/torch/CUDA RNG, one file per rank
+    data_states_{rank}.pt                         each prepared loader's state on that rank (stream
+                                                  positions, dataset and sampler states), weights_only
     custom_checkpoint_{i}.pt                      objects given to register_for_checkpointing
     accelerator_state.json                        step counter, data positions, world size
     manifest.json                                 every file's size and crc32, written last
@@ -18,6 +20,7 @@ thread (`background`). `restore` reads it back.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pathlib
 from typing import Any, Callable, Sequence
@@ -31,6 +34,8 @@ from .temp_folders import TempFolder
 
 # The step counter, data positions and process count; read first on load: it says whether a run can resume.
 META_NAME = "accelerator_state.json"
+# The fields of `fittrain.data.DataPosition`, which accelerator_state.json lists per loader.
+POSITION_FIELDS = ("seed", "epoch", "batches_consumed")
 
 
 def indexed_name(base: str, i: int, ext: str) -> str:
@@ -66,12 +71,14 @@ class StateSnapshot:
 
     Capturing and writing are separate steps so that the writing can happen on a background
     thread while training goes on: the writer only ever reads this object, never a live one.
-    Off the main process only the RNG states are captured, since only they are written there.
+    Off the main process only the RNG and data states are captured, since only they are written there.
 
     Attributes:
-        rank: The process's rank; it names the RNG file.
+        rank: The process's rank; it names the RNG and data-state files.
         is_main_process: Whether this process writes the shared files.
         rng: This process's RNG states, as `capture_rng_state` returns them.
+        data: Each prepared loader's `state_dict()` on this process (a stream's position and its
+            dataset's state differ between ranks).
         models, optimizers, schedulers, custom: State dicts, one per file, in file order.
         scaler: The fp16 GradScaler's state; empty without one (no file is written then).
         meta: The contents of accelerator_state.json, data positions included.
@@ -80,6 +87,7 @@ class StateSnapshot:
     rank: int
     is_main_process: bool
     rng: dict[str, Any]
+    data: list[Any] = dataclasses.field(default_factory=list)
     models: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
     optimizers: list[Any] = dataclasses.field(default_factory=list)
     schedulers: list[Any] = dataclasses.field(default_factory=list)
@@ -105,12 +113,16 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
         The snapshot, ready for `write_snapshot`.
     """
     rng = capture_rng_state()  # fresh tensors: never shared with the live generators
+    # Loader states are small and may share containers with live iterators: always copy them.
+    data = [copy.deepcopy(dl.state_dict()) for dl in parts.dataloaders]
     if not is_main_process:
-        return StateSnapshot(rank, False, rng)
+        return StateSnapshot(rank, False, rng, data)
     own = stage or _same
-    meta = dict(parts.accelerator_state, dataloaders=[dl.state_dict() for dl in parts.dataloaders])
+    # The main process's positions, readable without torch (the full states are in data_states_*).
+    positions = [{key: state[key] for key in POSITION_FIELDS} for state in data]
+    meta = dict(parts.accelerator_state, dataloaders=positions)
     return StateSnapshot(
-        rank, True, rng,
+        rank, True, rng, data,
         models=[own(state_dict) for state_dict in parts.model_state_dicts],
         optimizers=[own(state) for state in parts.optimizer_state_dicts],
         schedulers=[own(sched.state_dict()) for sched in parts.schedulers],
@@ -125,6 +137,7 @@ def _same(obj: Any) -> Any:
 def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
     """Writes every file of one checkpoint from a snapshot; shared files from the main process only."""
     writer.write_torch(f"random_states_{snapshot.rank}.pt", snapshot.rng)
+    writer.write_torch(f"data_states_{snapshot.rank}.pt", snapshot.data)
     if not snapshot.is_main_process:
         return
     for i, state_dict in enumerate(snapshot.models):
