@@ -42,8 +42,10 @@ class ProcessMethods:
             gathered = [x for part in collectives.gather_object(input_data, self.state) for x in _as_list(part)]
         else:
             gathered = collectives.gather(input_data, self.state)
+        # Set by the prepared loader on a batch of a padded round only (not just the last batch: a
+        # stream read by several workers has a padded round at the end of each worker's share).
         remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder:
+        if remainder:
             gathered = _truncate(gathered, remainder)
         return gathered
 

@@ -18,7 +18,8 @@ class GradientState:
         end_of_dataloader: True on the last batch of the active prepared loader.
         step_was_skipped: True when the last real step was skipped by the fp16 scaler.
         batches_seen: Batches entered through `Accelerator.accumulate` so far.
-        remainder: Real samples in the active loader's padded last round (0: no padding).
+        remainder: Real samples of the round the current batch belongs to when that round was
+            padded to keep ranks in step (0: no padding); gather_for_metrics keeps that many.
     """
 
     num_steps: int = 1

@@ -41,11 +41,13 @@ class PositionedSource:
         """Yields this epoch's batches `skip`..`total - 1` from `batches`, on the device, keeping the
         position and the accumulation state (`end_of_dataloader`, `remainder`) up to date."""
         state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder = False, remainder
+        state.end_of_dataloader, state.remainder = False, 0
         last = total - 1
         for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
             position.batches_consumed = index + 1
-            state.end_of_dataloader = index == last
+            if index == last:
+                # Only the last round is padded; gather_for_metrics keeps its first `remainder` samples.
+                state.end_of_dataloader, state.remainder = True, remainder
             yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
         position.epoch += 1
         position.batches_consumed = 0
