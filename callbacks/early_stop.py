@@ -27,9 +27,11 @@ class EarlyStop(Callback):
 
     It decides in `on_validation_end`. A value improves on the best so far when it is lower
     ("min") or higher ("max") by more than `min_delta`. Training then ends after the current
-    epoch. The decision is the same on every process, because validation metrics are averaged
-    over all of them. The best value and the count of validations without improvement are reset
-    at the start of each fit and travel inside checkpoints, so a resumed run keeps counting.
+    epoch, or, after a validation in the middle of an epoch (`Trainer(val_every_n_steps=...)`),
+    after the current batch; both kinds of validation count alike. The decision is the same on
+    every process, because validation metrics are averaged over all of them. The best value and
+    the count of validations without improvement are reset at the start of each fit and travel
+    inside checkpoints, so a resumed run keeps counting.
 
     Args:
         monitor: The metric to watch, such as "val_loss" or a name `validation_step` returns.
@@ -88,7 +90,8 @@ class EarlyStop(Callback):
         """Warns when no validation ran, so EarlyStop never had anything to decide on."""
         if self._checks == 0:
             warnings.warn(f"EarlyStop(monitor={self.monitor!r}) never ran: no validation happened in this fit. "
-                          "Pass a val_loader to fit() (and check val_every_n_epochs).", stacklevel=2)
+                          "Pass a val_loader to fit() (and check val_every_n_epochs or val_every_n_steps).",
+                          stacklevel=2)
 
     def _read(self, trainer: "Trainer") -> float:
         metrics = trainer.state.metrics

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from fittrain.events import Callback
+from fittrain.trainer_parts import length_of
 
 if TYPE_CHECKING:
     from fittrain.trainer import Trainer
@@ -28,7 +29,10 @@ class Logger(Callback):
     optimizer has several parameter groups) and `throughput/steps_per_sec` and
     `throughput/samples_per_sec`, measured since the previous logging point. The training metrics
     are also written before each validation and at the end of the fit, so short runs are logged
-    too. Validation metrics are written once, when validation ends.
+    too. Validation metrics are written once, when validation ends, at the current `global_step`
+    (a validation in the middle of an epoch, with `Trainer(val_every_n_steps=...)`, is written
+    at its step like one at an epoch end). For a stream, which has no length, the bar counts
+    batches without a total.
 
     Per batch it only advances the bar and compares the step with `every_n_steps`: metrics are
     read (a device sync each) at logging points only, and the bar redraws at most ten times a
@@ -87,7 +91,8 @@ class Logger(Callback):
         loader = trainer.train_loader
         # A resumed epoch continues after the batches its checkpoint had consumed.
         done = getattr(getattr(loader, "position", None), "batches_consumed", 0)
-        self._bar = tqdm(total=len(loader), initial=done, desc=f"Epoch {trainer.state.epoch}", mininterval=0.1,
+        # A stream has no length: the bar then counts batches without a total.
+        self._bar = tqdm(total=length_of(loader), initial=done, desc=f"Epoch {trainer.state.epoch}", mininterval=0.1,
                          dynamic_ncols=True, disable=not self._show_bar)
         self._last_step = trainer.state.global_step
         self._restart_clock(trainer.state.global_step)
@@ -120,7 +125,7 @@ class Logger(Callback):
         fresh = {name: value for name, value in raw.items() if self._before_validation.get(name) is not value}
         self._validation_values = fresh
         scalars = {name: float(value) for name, value in fresh.items()}
-        self._write(scalars, trainer.state.global_step, flush=True)  # a live TensorBoard then sees each epoch
+        self._write(scalars, trainer.state.global_step, flush=True)  # a live TensorBoard then sees each validation
         self._postfix.update({name: f"{value:.4g}" for name, value in scalars.items()})
         self._bar.set_postfix(self._postfix)
 

@@ -14,13 +14,21 @@ The loop that fires them, in the order `Trainer.fit` runs it::
             if this is a sync step (the end of an accumulation window):
                 on_before_optimizer_step              # GradClip acts here
                 optimizer.step(); scheduler.step(); optimizer.zero_grad()
+                if validating every n steps and global_step % val_every_n_steps == 0:
+                    on_validation_start ... on_validation_end   # as below, in the middle of the epoch
             on_train_batch_end                        # Checkpointer(every_n_steps) saves here
-        if validating this epoch:
+            end the epoch here if that validation set trainer.state.should_stop
+        if validating at the end of this epoch (every val_every_n_epochs; never with val_every_n_steps):
             on_validation_start
             on_validation_batch_end  (once per validation batch)
             on_validation_end                         # EarlyStop decides here
         on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here
         stop if trainer.state.should_stop
+
+A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
+saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
+next batch and does not validate again. An epoch never validates twice at one step: with
+val_every_n_steps there is no validation at epoch ends.
     on_fit_end
     on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
 """

@@ -27,8 +27,9 @@ from .module import TrainModule
 from .parallel import check_strategy
 from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
 from .trainer_parts import (LazyMetrics, ValidationAverager, check_accelerator, check_count, check_loader,
-                            check_one_checkpointer, check_path, explain_backward_error, extract_loss,
-                            make_step_runner, split_optimizers, warn_once)
+                            check_one_checkpointer, check_path, check_validation_interval, empty_epoch_error,
+                            explain_backward_error, extract_loss, length_of, make_step_runner, split_optimizers,
+                            warn_once)
 
 
 @dataclasses.dataclass
@@ -41,7 +42,8 @@ class TrainState:
         batch_idx: Index of the current batch within the epoch.
         loss: The last training loss, detached (a tensor; no device sync until read).
         metrics: The latest value of each metric, as floats (converted when read).
-        should_stop: Set by a callback (such as EarlyStop) to end training after this epoch.
+        should_stop: Set by a callback (such as EarlyStop) to end training after this epoch; set
+            during a mid-epoch validation (`val_every_n_steps`), it ends training after this batch.
     """
 
     epoch: int = 0
@@ -132,11 +134,15 @@ class Trainer:
         project_dir: Root for checkpoints (`checkpoints/`) and logs (`logs/`).
         resume_from: A checkpoint folder, or "latest" for the newest intact one under
             `{project_dir}/checkpoints`.
-        val_every_n_epochs: Validate every n-th epoch (when a val_loader is given).
+        val_every_n_epochs: Validate at the end of every n-th epoch (when a val_loader is given).
+            None means 1, unless `val_every_n_steps` is given.
         strategy: "auto", "ddp" or "fsdp".
         accelerator: A pre-built Accelerator to use instead of building one.
         preemption_signals: Signals on which fit finishes the optimizer step, saves a checkpoint
             and exits with code 75 (`PREEMPTION_EXIT_CODE`); () disables this.
+        val_every_n_steps: Validate every n-th optimizer step instead, in the middle of an epoch,
+            right after that step (Lightning's `val_check_interval`); there is then no validation
+            at epoch ends. Exclusive with `val_every_n_epochs`.
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -146,13 +152,15 @@ class Trainer:
     def __init__(self, callbacks: Sequence[Callback] | None = None, max_epochs: int | None = None,
                  max_steps: int | None = None, gradient_accumulation_steps: int = 1,
                  project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
-                 val_every_n_epochs: int = 1, strategy: str = "auto", accelerator: Accelerator | None = None,
-                 preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS) -> None:
+                 val_every_n_epochs: int | None = None, strategy: str = "auto",
+                 accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
+                 val_every_n_steps: int | None = None) -> None:
         self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
         self.max_steps = check_count("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
             self.max_epochs = 1
-        self.val_every_n_epochs = check_count("val_every_n_epochs", val_every_n_epochs)
+        self.val_every_n_epochs, self.val_every_n_steps = check_validation_interval(val_every_n_epochs,
+                                                                                  val_every_n_steps)
         check_path("resume_from", resume_from, optional=True)
         check_path("project_dir", project_dir)
         check_accelerator(accelerator)
@@ -176,6 +184,7 @@ class Trainer:
         self.val_loader: Any = None
         self._scheduler_per_epoch = False
         self._averager: ValidationAverager | None = None
+        self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
         self._eval_loaders: dict[int, Any] = {}
 
     @property
@@ -192,7 +201,7 @@ class Trainer:
 
         Raises:
             TypeError: when `module` is not a TrainModule, or a loader is a one-shot iterator.
-            ValueError: when `train_loader` is empty.
+            ValueError: when `train_loader` is empty, or yields no batch in an epoch (a stream).
             FileNotFoundError: when `resume_from` names a missing folder (before any training).
         """
         resume = self._resolve_resume()
@@ -215,14 +224,18 @@ class Trainer:
         self.module.train()
         # A resumed epoch continues after the batches its checkpoint had consumed.
         start = self.train_loader.position.batches_consumed
+        index = -1
         for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
             self.state.batch_idx = index
-            self._train_batch(batch)
-            if self._steps_done():
+            # A stop decided by a mid-epoch validation ends the epoch here, on every process alike.
+            if self._train_batch(batch) or self._steps_done():
                 break
             if self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator, self.state.global_step):
                 self._save_and_exit()
-        if self.val_loader is not None and (self.state.epoch + 1) % self.val_every_n_epochs == 0:
+        if index < 0 and start == 0:  # a fresh epoch without a batch: a stream that ran dry
+            raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
+        every = self.val_every_n_epochs  # None with val_every_n_steps: no validation at epoch ends
+        if self.val_loader is not None and every is not None and (self.state.epoch + 1) % every == 0:
             self._validate_prepared(self.val_loader)
         if self._scheduler_per_epoch:
             self.scheduler.scheduler.step()
@@ -231,9 +244,11 @@ class Trainer:
         self.state.epoch += 1
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
 
-    def _train_batch(self, batch: Any) -> None:
+    def _train_batch(self, batch: Any) -> bool:
+        """Trains on one batch; True when a validation after its step decided to stop training."""
         acc, fire = self.accelerator, self.events.fire
         fire("on_train_batch_start", self)
+        stepped = False
         with acc.accumulate(self.model):
             with acc.autocast():
                 loss = extract_loss(self._run_step("training_step", batch))
@@ -254,9 +269,24 @@ class Trainer:
                         self.scheduler.step()
                     self.optimizer.zero_grad()
                     self.state.global_step += 1
+                    stepped = True
             else:
                 warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
+        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome, and a
+        # resume from it continues with the next batch instead of validating again.
+        stop = False
+        if stepped and self._val_step_interval and self.state.global_step % self._val_step_interval == 0:
+            stop = self._validate_mid_epoch()
         fire("on_train_batch_end", self)
+        return stop
+
+    def _validate_mid_epoch(self) -> bool:
+        """Validates after this optimizer step; returns whether to stop now, the same on every process."""
+        self._validate_prepared(self.val_loader)
+        # One collective per validation, never per step: the main process's decision wins.
+        self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
+        return self.state.should_stop
+
 
     def _save_and_exit(self) -> None:
         try:
@@ -341,6 +371,7 @@ class Trainer:
         else:
             self.scheduler = _NoScheduler()
         self.val_loader = self._prepare_eval(val_loader) if val_loader is not None else None
+        self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, _CallbackStates(self.callbacks))
         if resume is None:
             return
@@ -386,7 +417,7 @@ class Trainer:
             if loader is not None and not isinstance(loader, DataLoader):
                 check_loader(name, loader)
                 check_batches(loader, name)
-        if len(train_loader) == 0:
+        if length_of(train_loader) == 0:  # a stream has no length: an empty epoch is caught when it runs
             raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "
                              "Check the dataset's length and the loader's batch_size/drop_last.")
         if val_loader is not None and not module.has_validation_step():

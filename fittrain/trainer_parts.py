@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
 
 from . import collectives
 from .data import batch_size_of
@@ -36,6 +37,53 @@ def check_count(name: str, value: Any, optional: bool = False) -> Any:
         allowed = "a positive integer or None" if optional else "a positive integer"
         raise ValueError(f"`{name}` must be {allowed}. Received: {name}={value!r}.")
     return value
+
+
+def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[int | None, int | None]:
+    """Checks `val_every_n_epochs` and `val_every_n_steps`, which are exclusive.
+
+    Returns:
+        (val_every_n_epochs, val_every_n_steps): the epochs default to 1 when neither is given,
+        and are None when validation runs every n steps instead.
+
+    Raises:
+        ValueError: for a value that is not a positive integer, or for both given.
+    """
+    every_n_epochs = check_count("val_every_n_epochs", every_n_epochs, optional=True)
+    every_n_steps = check_count("val_every_n_steps", every_n_steps, optional=True)
+    if every_n_epochs is not None and every_n_steps is not None:
+        raise ValueError(
+            "`val_every_n_epochs` and `val_every_n_steps` cannot both be set: validation runs either at the end of "
+            "every n-th epoch or after every n-th optimizer step, in the middle of epochs. Received: "
+            f"val_every_n_epochs={every_n_epochs!r}, val_every_n_steps={every_n_steps!r}. Pass only one of them "
+            f"(val_every_n_steps={every_n_steps!r} alone validates every {every_n_steps} steps, and not at epoch ends).")
+    if every_n_steps is None and every_n_epochs is None:
+        every_n_epochs = 1
+    return every_n_epochs, every_n_steps
+
+
+def length_of(loader: Any) -> int | None:
+    """The number of batches of `loader` per epoch, or None for a stream, which has no usable length.
+
+    A DataLoader over an IterableDataset counts as a stream even when the dataset defines
+    `__len__`: that length is a hint, which workers and sharding do not follow.
+    """
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # no __len__, or one that says the length is unknown
+        return None
+
+
+def empty_epoch_error(epoch: int, loader: Any) -> ValueError:
+    """The error for a train loader that yielded no batch in a whole epoch (a stream that ran dry)."""
+    return ValueError(
+        f"`train_loader` yielded no batch in epoch {epoch}: there is nothing to train on (with max_steps alone, "
+        f"the Trainer would start empty epochs forever). Received: train_loader={short_repr(loader)} "
+        f"({type(loader).__name__}). A stream must yield at least one batch per pass: make its __iter__ start over "
+        "each time it is called (an iterator that is exhausted after one pass yields nothing the next time), and "
+        "check the data source, batch_size and drop_last.")
 
 
 def check_accelerator(accelerator: Any) -> None:
