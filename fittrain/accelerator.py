@@ -25,14 +25,14 @@ from typing import Any, ContextManager, Iterable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from . import collectives, parallel
 from .data import BatchesShard
 from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
-from .data import DataLoaderShard, PositionedSource, SkippedDataLoader
+from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
 from .process_methods import ProcessMethods
@@ -229,6 +229,8 @@ class Accelerator(ProcessMethods, CheckpointMethods):
             return data_loader
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
+        if isinstance(data_loader, DataLoader) and isinstance(data_loader.dataset, IterableDataset):
+            return self._register(self._dataloaders, self._prepare_stream(data_loader, place, even))
         if not isinstance(data_loader, DataLoader):
             shard: PositionedSource = BatchesShard(
                 data_loader, self.device if place else None, self.gradient_state, self.num_processes,
@@ -266,6 +268,20 @@ class Accelerator(ProcessMethods, CheckpointMethods):
     def _register(pool: list[Any], obj: Any) -> Any:
         pool.append(obj)
         return obj
+
+    def _prepare_stream(self, loader: DataLoader, place: bool, even: bool) -> StreamShard:
+        if self.split_batches:
+            raise ValueError(
+                "`split_batches=True` cannot split the batches of a stream (a DataLoader over an IterableDataset): "
+                f"received one over {type(loader.dataset).__name__}. Use split_batches=False (the default); every "
+                "process then takes whole batches of the loader's batch_size.")
+        return StreamShard(loader, self.device if place else None, self.gradient_state, self.num_processes,
+                           self.process_index, even, agree=self._all_agree)
+
+    def _all_agree(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on every process (one small all-reduce)."""
+        total = collectives.reduce(torch.tensor([int(flag)], device=self.device), self.state)
+        return int(total.item()) == self.num_processes
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         if self.device_placement:

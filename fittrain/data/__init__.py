@@ -3,6 +3,7 @@
 `Accelerator.prepare` turns what the user passes into one `PositionedSource`:
 
     DataLoader over a map-style dataset  -> map_style.DataLoaderShard   (index batches dealt to ranks)
+    DataLoader over an IterableDataset   -> streams.StreamShard         (each rank keeps its share of each round)
     list of ready batches                -> batches.BatchesShard        (batches dealt to ranks)
 
 Every source keeps a `DataPosition` (epoch, batches consumed, shuffle seed) that checkpoints save,
@@ -10,8 +11,9 @@ and yields one epoch per pass; `iterate(skip=n)` continues an epoch after n batc
 loading them (`skipping.SkippedDataLoader` is Accelerate's `skip_first_batches`).
 
 Modules: position (DataPosition, PositionedSource: the per-batch bookkeeping); map_style
-(DataLoaderShard); batches (BatchesShard); skipping (SkippedDataLoader); workers (per-batch
-seeding in DataLoader workers); devices (send_to_device, batch_size_of).
+(DataLoaderShard); streams (StreamShard: order, look-ahead, pass state); stream_workers (RankStream:
+rounds read in each worker); stream_state (which streams resume from their own state); batches (BatchesShard); skipping (SkippedDataLoader); workers (per-batch
+seeding in DataLoader workers); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks, replayed on resume); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks); devices (send_to_device, batch_size_of).
 """
 
 from .batches import BatchesShard, check_batches
@@ -19,6 +21,7 @@ from .devices import batch_size_of, send_to_device
 from .map_style import DataLoaderShard
 from .position import DataPosition, PositionedSource
 from .skipping import SkippedDataLoader
+from .streams import StreamShard
 
-__all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SkippedDataLoader",
+__all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SkippedDataLoader", "StreamShard",
            "batch_size_of", "check_batches", "send_to_device"]
