@@ -57,6 +57,9 @@ CASES = {
              (r"the checkpoint holds the EMA state: \d+ tensors", r"continued from the checkpoint: True"), 1),
         Case("char_lm.py", (("--smoke",),),
              (r"text: the Zen of Python, \d+ characters", r"sample:\nBeautiful is "), 1),
+        Case("streaming.py", (("--smoke", "--num-workers", "2"),),
+             (r"simulated kill after step \d+", r"step +\d+ +epoch 1 +train_loss \d.* val_loss \d",
+              r"final weights equal to the uninterrupted run's \(torch\.equal\): True"), 0),
     )
 }
 
