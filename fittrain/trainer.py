@@ -7,7 +7,6 @@ Read `Trainer.fit` and `_train_batch` top to bottom: that is the whole loop. Eve
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import os
 import pathlib
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from .accelerator import Accelerator
 from .data import check_batches
+from .callback_states import CallbackStates
 from .checkpoint.latest import latest_checkpoint, load_newest
 from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
 from .events import Callback, EventDispatcher, check_callbacks
@@ -87,40 +87,6 @@ class TrainState:
         self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
         self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
         self.raw_metrics = LazyMetrics(state["metrics"])
-
-
-class _CallbackStates:
-    """All callbacks' states as one checkpointed object, keyed by position and class name."""
-
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
-        self.callbacks = callbacks
-
-    def state_dict(self) -> dict[str, Any]:
-        states = {}
-        for i, cb in enumerate(self.callbacks):
-            states[f"{i}:{type(cb).__name__}"] = state = cb.state_dict()
-            _check_loadable(cb, state)
-        return states
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for i, cb in enumerate(self.callbacks):
-            saved = state.get(f"{i}:{type(cb).__name__}")
-            if saved:
-                cb.load_state_dict(saved)
-
-
-def _check_loadable(callback: Callback, state: Any) -> None:
-    """Fails at save time, naming the callback, for state a checkpoint could not load back."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    try:
-        torch.load(buffer, weights_only=True)
-    except Exception as err:
-        raise TypeError(
-            f"{type(callback).__name__}.state_dict() returned state that a checkpoint cannot load back safely "
-            f"(torch.load(weights_only=True) refuses it: {str(err).splitlines()[0]}). Return tensors, Python "
-            "numbers, strings, lists, tuples, dicts or None, e.g. float(x) or torch.from_numpy(a).") from None
 
 
 class Trainer:
@@ -372,7 +338,7 @@ class Trainer:
             self.scheduler = _NoScheduler()
         self.val_loader = self._prepare_eval(val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
-        acc.register_for_checkpointing(self.state, _CallbackStates(self.callbacks))
+        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
         if resume is None:
             return
         if str(self.resume_from) == "latest":
