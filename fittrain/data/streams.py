@@ -156,6 +156,9 @@ class StreamShard(PositionedSource):
         wrapper = RankStream(loader.dataset, self.layout, loader.collate_fn, starts, self._replays,
                              start["base_seed"])
         workers = loader.num_workers
+        if not workers and not loader.pin_memory:
+            # In this process, without torch's loader around it: its per-batch layers cost more than we do.
+            return _one_stream(iter(wrapper), start)
         extra: dict[str, Any] = {}
         if workers:
             extra = dict(prefetch_factor=loader.prefetch_factor, multiprocessing_context=loader.multiprocessing_context)
@@ -164,7 +167,7 @@ class StreamShard(PositionedSource):
         inner = DataLoader(wrapper, batch_size=None, collate_fn=keep_as_is, num_workers=workers,
                            pin_memory=loader.pin_memory, timeout=loader.timeout, generator=generator,
                            worker_init_fn=functools.partial(init_worker, loader.worker_init_fn), **extra)
-        return _round_robin(iter(inner), start)
+        return _round_robin(iter(inner), start) if workers > 1 else _one_stream(iter(inner), start)
 
     def _emit_stream(self, items: Iterator[tuple[Any, StreamItem]], skip: int) -> Iterator[Any]:
         """Yields batches one behind the stream, so the last is known (`end_of_dataloader`)."""
@@ -198,9 +201,12 @@ class StreamShard(PositionedSource):
     def _record(self, item: StreamItem) -> None:
         """Moves the pass state past a batch the loop is about to receive."""
         workers = self._pass["workers"]
-        # `done` may already be set: the look-ahead can pull past a worker's last batch first.
-        workers[item.worker] = dict(workers[item.worker], rounds=item.rounds, dataset_state=item.dataset_state)
-        self._pass["next_worker"] = _next_running(workers, item.worker)
+        # In place (state_dict's readers copy it). `done` may already be set: the look-ahead can
+        # pull past a worker's last batch first.
+        worker = workers[item.worker]
+        worker["rounds"], worker["dataset_state"] = item.rounds, item.dataset_state
+        if len(workers) > 1:
+            self._pass["next_worker"] = _next_running(workers, item.worker)
 
 
 def _next_running(workers: list[dict[str, Any]], after: int) -> int:
@@ -212,6 +218,15 @@ def _next_running(workers: list[dict[str, Any]], after: int) -> int:
     return after
 
 
+def _one_stream(items: Iterator[tuple[Any, StreamItem]], start: dict[str, Any]) -> Iterator[tuple[Any, StreamItem]]:
+    """The batches of a single stream (no workers, or one), until it reports `done`."""
+    for batch, item in items:
+        if item.done:
+            start["workers"][0]["done"] = True
+            return
+        yield batch, item
+
+
 def _round_robin(items: Iterator[tuple[Any, StreamItem]], start: dict[str, Any]) -> Iterator[tuple[Any, StreamItem]]:
     """Puts the workers' batches in round-robin order over the workers still running, starting at
     `start["next_worker"]` (a fresh pass: worker 0, the order of plain PyTorch). A resumed pass
@@ -219,18 +234,17 @@ def _round_robin(items: Iterator[tuple[Any, StreamItem]], start: dict[str, Any])
     `pending` (at most about one per worker) until their worker's turn."""
     workers = start["workers"]
     pending: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-    turn = start["next_worker"]
-    while not all(w["done"] for w in workers):
-        if workers[turn]["done"]:
-            turn = _next_running(workers, turn)
-            continue
+    running = sum(not w["done"] for w in workers)
+    turn = _next_running(workers, start["next_worker"] - 1)
+    while running:
         while not pending[turn]:
             # Every worker reports `done` last, so its turn always comes before torch's loader ends.
             batch, item = next(items)
             pending[item.worker].append((batch, item))
         batch, item = pending[turn].popleft()
         if item.done:
-            workers[turn] = dict(workers[turn], done=True)
+            workers[turn]["done"] = True
+            running -= 1
         else:
             yield batch, item
         turn = _next_running(workers, turn)
