@@ -44,21 +44,20 @@ def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any
     return mine
 
 
-def _read_data_states(reader: CheckpointReader, processes: int, rank: int, meta: dict[str, Any]) -> list[Any]:
-    """Reads and checks every rank's data-state file, returning this rank's loader states.
-
-    A checkpoint from before these files existed has only the positions in accelerator_state.json.
-    """
-    names = [f"data_states_{i}.pt" for i in range(processes)]
-    if not any(reader.has(name) for name in names):
-        return meta["dataloaders"]
+def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count: int) -> list[Any]:
+    """Reads and checks every rank's data-state file (small), returning this rank's loader states."""
     mine: list[Any] = []
-    for i, name in enumerate(names):
+    for i in range(processes):
+        name = f"data_states_{i}.pt"
         if not reader.has(name):
-            raise CheckpointError(f"Checkpoint {reader.path} has no {name}, but its {META_NAME} says it was "
-                                  f"saved by {processes} processes. The checkpoint is damaged; load an earlier one.")
+            raise CheckpointError(
+                f"Checkpoint {reader.path} has no {name}, which holds where each data loader of process {i} stands; "
+                "without it the data cannot continue exactly. Nothing was loaded. The checkpoint is damaged or was "
+                "written by an earlier fittrain, before loaders saved their state per process; load another one, or "
+                "load only its weights with "
+                "fittrain.checkpoint.load_model_weights.")
         states = reader.read_torch(name)
-        checks.check_data_states(reader.path / name, states, len(meta["dataloaders"]))
+        checks.check_data_states(reader.path / name, states, count)
         mine = states if i == rank else mine
     return mine
 
@@ -107,7 +106,7 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
         "custom": [reader.read_torch(n) for n in names["custom"]],
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
         "rng": _read_rng_states(reader, meta["num_processes"], rank),
-        "data": _read_data_states(reader, meta["num_processes"], rank, meta),
+        "data": _read_data_states(reader, meta["num_processes"], rank, len(meta["dataloaders"])),
         "meta": meta, "folder": reader.path, "names": names, "rank": rank,
     }
     _check_loaded(reader.path, loaded, parts)
