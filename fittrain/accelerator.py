@@ -237,28 +237,27 @@ class Accelerator(ProcessMethods, CheckpointMethods):
                 self.process_index, even)
             self._check_same_length(len(data_loader), "batches")
             return self._register(self._dataloaders, shard)
+        # Every pass draws the user's order from rank 0's RNG state, broadcast once per epoch.
         shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
-                                self.num_processes, self.process_index, self.split_batches, even)
-        # Ranks seeded differently would draw different shuffle seeds and overlap: rank 0's wins.
-        shard.position.seed = self._check_same_length(shard.total_dataset_length, "samples", shard.position.seed)
+                                self.num_processes, self.process_index, self.split_batches, even,
+                                share=lambda obj: collectives.broadcast_object(obj, self.state))
+        self._check_same_length(*shard.length_check)
         return self._register(self._dataloaders, shard)
 
-    def _check_same_length(self, length: int, unit: str, seed: int = 0) -> int:
-        """Checks that every process passed a loader of the same length; returns rank 0's `seed`.
+    def _check_same_length(self, length: int, unit: str) -> None:
+        """Checks that every process passed a loader of the same length.
 
         One small collective at prepare time. Loaders of different lengths would give the processes
         different numbers of batches, and the first process to run out would leave the others
         waiting in a collective until the timeout, so every process raises the same error instead.
         """
-        facts = collectives.gather_object((length, int(seed)), self.state)
-        lengths = [n for n, _ in facts]
+        lengths = collectives.gather_object(length, self.state)
         if len(set(lengths)) > 1:
             listed = ", ".join(f"process {rank}: {n} {unit}" for rank, n in enumerate(lengths))
             raise ValueError(
                 f"The data loaders prepared on different processes have different lengths ({listed}). Every "
                 "process must pass the same, whole dataset: fittrain gives each process its share. Build the "
                 "dataset identically on every process (same files, same filtering, same seed).")
-        return facts[0][1]
 
     def _is_prepared(self, obj: Any) -> bool:
         pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]

@@ -38,10 +38,13 @@ class ProcessMethods:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
+        # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing.
+        padding = 0 < self.gradient_state.real_ranks <= self.state.process_index
         if use_gather_object or not _holds_tensors(input_data):
-            gathered = [x for part in collectives.gather_object(input_data, self.state) for x in _as_list(part)]
+            mine = [] if padding else input_data
+            gathered = [x for part in collectives.gather_object(mine, self.state) for x in _as_list(part)]
         else:
-            gathered = collectives.gather(input_data, self.state)
+            gathered = collectives.gather(_emptied(input_data) if padding else input_data, self.state)
         # Set by the prepared loader on a batch of a padded round only (not just the last batch: a
         # stream read by several workers has a padded round at the end of each worker's share).
         remainder = self.gradient_state.remainder
@@ -95,6 +98,17 @@ def _holds_tensors(obj: Any) -> bool:
 
 def _as_list(obj: Any) -> list[Any]:
     return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+
+
+def _emptied(data: Any) -> Any:
+    """`data` with every tensor cut to length 0 along its first dimension (a 0-d one becomes shape (0,))."""
+    if isinstance(data, torch.Tensor):
+        return (data if data.ndim else data[None])[:0]
+    if isinstance(data, dict):
+        return type(data)((k, _emptied(v)) for k, v in data.items())
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_emptied(v) for v in data))
+    return type(data)(_emptied(v) for v in data)
 
 
 def _truncate(data: Any, length: int) -> Any:

@@ -20,6 +20,9 @@ class GradientState:
         batches_seen: Batches entered through `Accelerator.accumulate` so far.
         remainder: Real samples of the round the current batch belongs to when that round was
             padded to keep ranks in step (0: no padding); gather_for_metrics keeps that many.
+        real_ranks: On the last batch of a padded last round whose sample count is unknown without
+            loading (ready batches: `batch_size=None`), the ranks whose batch is real: ranks
+            0..real_ranks-1 (0: not such a batch). gather_for_metrics keeps only their part.
     """
 
     num_steps: int = 1
@@ -28,6 +31,7 @@ class GradientState:
     step_was_skipped: bool = False
     batches_seen: int = 0
     remainder: int = 0
+    real_ranks: int = 0
 
     def begin_batch(self) -> None:
         """Counts one batch and decides whether it ends an accumulation window.

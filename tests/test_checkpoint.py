@@ -248,7 +248,11 @@ def test_checkpoint_folder_layout(tmp_path):
     rng = torch.load(folder / "random_states_0.pt", weights_only=True)
     assert isinstance(rng["torch"], torch.Tensor)
     meta = json.loads((folder / "accelerator_state.json").read_text())
-    assert meta["dataloaders"] == [run.loader.state_dict()]
+    # The JSON lists the positions; the loader's full state (with its RNG capture) is in data_states_0.pt.
+    full = run.loader.state_dict()
+    assert meta["dataloaders"] == [{k: full[k] for k in ("seed", "epoch", "batches_consumed")}]
+    saved = torch.load(folder / "data_states_0.pt", weights_only=True)
+    assert len(saved) == 1 and torch.equal(saved[0]["order"]["pass"]["rng"], full["order"]["pass"]["rng"])
 
     # The manifest lists every other file with its real size and checksum.
     manifest = json.loads((folder / "manifest.json").read_text())

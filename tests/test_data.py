@@ -1,4 +1,4 @@
-"""The prepared DataLoader (fittrain/data/): placement, seeded shuffling, skipping, sharding.
+"""The prepared DataLoader (fittrain/data/): placement, the user's shuffle, skipping, sharding.
 
 Expectations come from plain PyTorch (a `DataLoader` over the same dataset) or from the sharding
 rule written out by hand for tiny datasets, never from the code under test. Sharding is tested
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fittrain import Accelerator
 from fittrain.data import DataLoaderShard, SkippedDataLoader, send_to_device
@@ -57,7 +57,8 @@ def shard(loader: DataLoader, rank: int, world: int = 2, **kwargs: Any) -> DataL
 
 
 def prepared(n: int = 20, batch_size: int = 4, seed: int = 0, **kwargs: Any) -> DataLoaderShard:
-    """A shuffled single-process loader whose order is fixed by `seed` at construction."""
+    """A shuffled single-process loader, with the global RNG (which its passes draw their order
+    from, as plain PyTorch does) seeded with `seed`."""
     torch.manual_seed(seed)
     return DataLoaderShard(DataLoader(IndexDataset(n), batch_size=batch_size, shuffle=True, **kwargs),
                            None, GradientState())
@@ -124,7 +125,7 @@ def test_cpu_batches_are_handed_over_untouched():
     assert len(got) == 2 and all(g is m for g, m in zip(got, made))
 
 
-# ------------------------------------------------------------------ seeded shuffling
+# ------------------------------------------------------------------ the user's shuffle
 def test_single_process_batches_equal_plain_pytorch_including_the_short_last_batch():
     # One process has no peer to keep in step with: 10 samples in batches of 4 end with [8, 9].
     dataset = IndexDataset(10)
@@ -138,25 +139,19 @@ def test_single_process_batches_equal_plain_pytorch_including_the_short_last_bat
         assert batches(dl) == want and len(dl) == len(want)
 
 
-def test_shuffle_is_fixed_by_the_seed_before_prepare_and_covers_every_sample():
+def test_shuffle_is_fixed_by_the_global_seed_and_covers_every_sample():
     first, again, other = prepared(seed=1), prepared(seed=1), prepared(seed=2)
+    torch.manual_seed(1)
     epochs = [batches(first) for _ in range(3)]
+    torch.manual_seed(1)
     assert [batches(again) for _ in range(3)] == epochs
+    torch.manual_seed(2)
     assert batches(other) != epochs[0]
     for epoch in epochs:
         assert sorted(flat(epoch)) == list(range(20))  # every sample exactly once per epoch
         assert all(len(b) == 4 for b in epoch)
     assert epochs[0] != epochs[1] != epochs[2] != epochs[0]  # a fresh order every epoch
     assert flat(epochs[0]) != list(range(20))  # and it is shuffled at all
-
-
-def test_order_is_drawn_at_prepare_not_at_iteration():
-    # Global RNG use between prepare and the first batch (model init, dropout) must not change
-    # the data order, or a resumed run would see different batches.
-    want = batches(prepared(seed=3))
-    dl = prepared(seed=3)
-    torch.rand(100)
-    assert batches(dl) == want
 
 
 def test_a_generator_on_the_loader_fixes_the_order_regardless_of_the_global_seed():
@@ -169,29 +164,41 @@ def test_a_generator_on_the_loader_fixes_the_order_regardless_of_the_global_seed
     assert run(0) == run(1)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_creating_and_reading_the_iterator_leaves_the_global_rng_alone(num_workers):
-    dl = prepared(num_workers=num_workers)
-    before = torch.get_rng_state()
-    iterator = iter(dl)
-    next(iterator)
-    assert torch.equal(torch.get_rng_state(), before)
-    list(iterator)
-    assert torch.equal(torch.get_rng_state(), before)
+class EpochSampler(Sampler):
+    """A sampler that orders by its epoch, like DistributedSampler: set_epoch picks the order."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist())
+
+    def __len__(self) -> int:
+        return self.n
 
 
-def test_set_epoch_selects_that_epochs_order():
-    natural = prepared(seed=4)
-    orders = [batches(natural) for _ in range(3)]
-    jumped = prepared(seed=4)
+def test_set_epoch_numbers_the_epoch_and_reaches_a_sampler_that_orders_by_it():
+    def loader() -> DataLoaderShard:
+        return DataLoaderShard(DataLoader(IndexDataset(12), batch_size=4, sampler=EpochSampler(12)), None,
+                               GradientState())
+
+    plain = DataLoader(IndexDataset(12), batch_size=4, sampler=EpochSampler(12))
+    orders = []
+    for epoch in range(3):
+        plain.sampler.set_epoch(epoch)
+        orders.append(batches(plain))
+    assert orders[0] != orders[1] != orders[2]
+    jumped = loader()
     jumped.set_epoch(2)
-    assert batches(jumped) == orders[2]
+    assert jumped.position.epoch == 2 and batches(jumped) == orders[2]
     # DDP-style scripts call loader.sampler.set_epoch(e); it reaches the same place.
-    via_sampler = prepared(seed=4)
+    via_sampler = loader()
     via_sampler.sampler.set_epoch(1)
     assert batches(via_sampler) == orders[1]
-    # A loop that numbers its epochs itself keeps the natural sequence.
-    numbered = prepared(seed=4)
+    numbered = loader()
     seen = []
     for epoch in range(3):
         numbered.set_epoch(epoch)
@@ -240,11 +247,12 @@ def test_state_dict_lets_a_fresh_loader_continue_mid_epoch():
         seen.append(batch.tolist())
         if len(seen) == 2:
             break
-    state = original.state_dict()
+    state, rng = original.state_dict(), torch.get_rng_state()  # what a checkpoint saves
     assert state["batches_consumed"] == 2 and state["epoch"] == 0
 
     fresh = prepared(seed=99)  # a different seed: only the loaded state may decide the order
     fresh.load_state_dict(state)
+    torch.set_rng_state(rng)  # load_state restores the RNG too
     fresh.dataset.loaded.clear()
     # load_state_dict never skips by itself; the caller skips what the state says was consumed.
     resumed = batches(Accelerator(cpu=True).skip_first_batches(fresh, state["batches_consumed"]))
@@ -258,8 +266,10 @@ def test_state_dict_after_whole_epochs_rebuilds_the_next_order():
     orders = [batches(reference) for _ in range(3)]
     original = prepared(seed=8)
     batches(original), batches(original)
+    state, rng = original.state_dict(), torch.get_rng_state()
     fresh = prepared(seed=0)
-    fresh.load_state_dict(original.state_dict())
+    fresh.load_state_dict(state)
+    torch.set_rng_state(rng)
     assert batches(fresh) == orders[2]
 
 

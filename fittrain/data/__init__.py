@@ -11,9 +11,12 @@ and yields one epoch per pass; `iterate(skip=n)` continues an epoch after n batc
 loading them (`skipping.SkippedDataLoader` is Accelerate's `skip_first_batches`).
 
 Modules: position (DataPosition, PositionedSource: the per-batch bookkeeping); map_style
-(DataLoaderShard); streams (StreamShard: order, look-ahead, pass state); stream_workers (RankStream:
-rounds read in each worker); stream_state (which streams resume from their own state); batches (BatchesShard); skipping (SkippedDataLoader); workers (per-batch
-seeding in DataLoader workers); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks, replayed on resume); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks); devices (send_to_device, batch_size_of).
+(DataLoaderShard); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks,
+replayed on resume); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks);
+streams (StreamShard: worker order, look-ahead, pass state); stream_workers (RankStream: the
+rounds read in each worker); stream_state (which streams resume from their own state); batches
+(BatchesShard); skipping (SkippedDataLoader); workers (per-batch seeding in DataLoader workers);
+devices (send_to_device, batch_size_of).
 """
 
 from .batches import BatchesShard, check_batches

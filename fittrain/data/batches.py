@@ -97,4 +97,7 @@ class BatchesShard(PositionedSource):
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
         total = len(self)
-        yield from self._emit(itertools.islice(self._rank_batches(), skip, total), skip, total)
+        # A padded last round: ranks from `rest` on repeat a batch, which gather_for_metrics drops.
+        rest = len(self.base_loader) % self.num_processes
+        real_ranks = rest if (self.even_batches and rest) else 0
+        yield from self._emit(itertools.islice(self._rank_batches(), skip, total), skip, total, real_ranks=real_ranks)

@@ -1,154 +1,154 @@
-"""The prepared DataLoader: sharded across processes, seeded, resumable and device-placing.
+"""The prepared DataLoader over a map-style dataset: sharded, resumable, device-placing, in the user's order.
 
-Shuffling uses a permutation drawn from (seed, epoch) instead of the global RNG, so every rank
-agrees on the order, each epoch differs, and a resumed run rebuilds the exact order. Skipping the
-first batches of an epoch happens on the index list: skipped batches are never loaded.
+Every kind of map-style DataLoader is accepted: `batch_size=` (with `shuffle`, a `sampler` or a
+`generator`), a custom `batch_sampler`, and `batch_size=None`, whose sampler yields keys and
+`dataset[key]` is a ready batch (`collate_fn` applies per item, as in torch). A torchdata
+`StatefulDataLoader` is a DataLoader too: it is rebuilt like any other, and this loader's
+`state_dict()` (which checkpoints save) supersedes its own, which is neither saved nor read.
 
-Sharding follows Accelerate's defaults: each process takes whole batches of the loader's batch
-size (`split_batches=False`), and with `even_batches=True` the last round is completed with
-samples from the start of the epoch so every rank takes the same number of steps.
+Order: the user's sampler and generator decide it, as in plain PyTorch (Accelerate's default
+`use_seedable_sampler=False`). On one process a prepared loader yields the same batches as the
+plain one from the same RNG state, and consumes the global RNG as it does. Several processes
+draw the same order from rank 0's RNG state and deal it out; `order.EpochOrder` explains how,
+and how a resumed epoch replays its order.
+
+Dealing (`dealing`): with `batch_size`, each process takes whole batches of that size, and with
+`even_batches=True` the last round is completed with samples from the start of the epoch. With a
+`batch_sampler` or `batch_size=None`, batch k of the epoch goes to rank k % num_processes, and
+the last round is completed with whole batches from the start. `split_batches=True` needs
+`batch_size` (a ready batch cannot be split). Skipping the first batches of an epoch happens on
+the index list: skipped batches are never loaded.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..sync import GradientState
+from .dealing import BatchDealer, SampleDealer
+from .order import EpochOrder, draws_randomly
 from .position import DataPosition, PositionedSource
-from .workers import SeededBatch, WorkerSeededDataset, init_worker, mix_seed
+from .workers import SeededBatch, SeededKey, WorkerSeededDataset, init_worker, mix_seed
 
 
-class _ShardedBatchSampler:
-    """Yields this rank's batches of indices for one epoch, starting after `skip` batches."""
+class _PassBatches:
+    """This rank's batches (or keys) of the current pass, for the worker DataLoader to load.
 
-    def __init__(self, sampler: Any, batch_size: int, drop_last: bool, shuffle: bool, num_processes: int,
-                 process_index: int, split_batches: bool, even_batches: bool, position: DataPosition) -> None:
-        self.sampler, self.drop_last, self.shuffle = sampler, drop_last, shuffle
-        self.num_processes, self.process_index = num_processes, process_index
-        self.even_batches, self.position = even_batches, position
-        # Per-process batch size: the loader's, or its share of it when batches are split.
-        self.batch_size = batch_size // num_processes if split_batches else batch_size
-        self.round_size = self.batch_size * num_processes
-        self.skip = 0
+    Set before every pass; iterating twice gives the same items (a worker DataLoader calls
+    iter() twice while starting up).
+    """
 
-    def _indices(self, seed: int, epoch: int) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(mix_seed(seed, epoch))
-            return torch.randperm(len(self.sampler), generator=g).tolist()
-        return list(self.sampler)
+    def __init__(self) -> None:
+        self.items: list[Any] = []
 
-    def _rounds(self, n: int) -> int:
-        full, rest = divmod(n, self.round_size)
-        return full if (rest == 0 or self.drop_last) else full + 1
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
 
     def __len__(self) -> int:
-        """Batches of a whole epoch on this rank."""
-        n = len(self.sampler)
-        rounds = self._rounds(n)
-        rest = n % self.round_size
-        if self.even_batches or self.drop_last or rest == 0:
-            return rounds
-        # Uneven tail: ranks past the remaining samples get no last batch.
-        return rounds - 1 + (1 if rest > self.process_index * self.batch_size else 0)
-
-    @property
-    def _pads(self) -> bool:
-        # One process has no peer to keep in step with, so its last batch stays short, as in
-        # plain PyTorch (and Accelerate, which does not shard a single process's loader).
-        return self.even_batches and self.num_processes > 1
-
-    def _batch(self, indices: list[int], k: int) -> list[int]:
-        chunk = indices[k * self.round_size:(k + 1) * self.round_size]
-        if self._pads and len(chunk) < self.round_size:
-            # Complete the last round from the start of the epoch, as Accelerate does, so every
-            # rank takes the same number of steps; gather_for_metrics drops these repeats.
-            chunk = chunk + [indices[i % len(indices)] for i in range(self.round_size - len(chunk))]
-        start = self.process_index * self.batch_size
-        return chunk[start:start + self.batch_size]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        # Capture skip and position now: DataLoader calls iter() eagerly but pulls batches later.
-        # `skip` is not reset here: a worker DataLoader calls iter() twice while starting up, and
-        # the second call must skip too. `DataLoaderShard.iterate` sets it before every pass.
-        return self.generate(self.skip, self.position.seed, self.position.epoch, seeded=True)
-
-    def generate(self, skip: int, seed: int, epoch: int, seeded: bool) -> Iterator[list[int]]:
-        """The index batches of epoch `epoch` from batch `skip` on; `seeded` ones carry the seed a
-        worker reseeds its RNGs with (only workers need it)."""
-        indices = self._indices(seed, epoch)
-        for k in range(skip, len(self)):
-            batch = self._batch(indices, k)
-            if seeded:
-                batch = SeededBatch(batch)
-                batch.seed = mix_seed(seed, epoch, k)
-            yield batch
-
-    def padded_remainder(self) -> int:
-        """Real samples in the last round when padding completed it, else 0 (nothing to drop)."""
-        rest = len(self.sampler) % self.round_size
-        return rest if (rest and self._pads and not self.drop_last) else 0
+        return len(self.items)
 
 
-def _is_default_shuffle(sampler: Any) -> bool:
-    """A plain `shuffle=True` sampler, which we may replace with a seeded permutation."""
-    return type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+def _short(value: Any) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _draw_seed(sampler: Any) -> int:
-    """The epoch-0 shuffle seed, drawn once at prepare() from the sampler's generator or the
-    global torch RNG, so `torch.manual_seed` before prepare() fixes the whole run's order."""
-    generator = getattr(sampler, "generator", None)
-    return int(torch.randint(0, 2**62, (), generator=generator).item())
+def _epoch_length(loader: DataLoader, name: str) -> int:
+    """len() of the loader's sampler or batch sampler (`name`), which sharding and resuming need."""
+    part = getattr(loader, name)
+    try:
+        return len(part)
+    except TypeError:
+        unit = "batches" if name == "batch_sampler" or loader.batch_size is None else "samples"
+        raise TypeError(
+            f"prepare() needs to know how many {unit} an epoch has, to deal them to processes and resume "
+            f"mid-epoch. Received a DataLoader whose `{name}` ({type(part).__name__}) has no len(). Give "
+            f"{type(part).__name__} a __len__, or use an IterableDataset for a stream without one.") from None
+
+
+def _check_loader(loader: DataLoader, num_processes: int, split_batches: bool) -> str:
+    """What kind of map-style loader this is: "samples" (batch_size), "batches" (batch_sampler)
+    or "keys" (batch_size=None); raises a clear error for one that cannot be prepared."""
+    if isinstance(loader.dataset, IterableDataset):
+        raise TypeError(
+            "DataLoaderShard takes DataLoaders over map-style datasets (with __getitem__). Received one over "
+            f"{type(loader.dataset).__name__}, an IterableDataset: pass it to Accelerator.prepare(), which "
+            "prepares streams separately.")
+    mode = "samples" if loader.batch_size is not None else "batches" if loader.batch_sampler is not None else "keys"
+    if split_batches and mode != "samples":
+        what = (f"batch_sampler={type(loader.batch_sampler).__name__}" if mode == "batches"
+                else "batch_size=None (each dataset item is a ready batch)")
+        raise ValueError(
+            f"`split_batches=True` cannot split ready batches across processes. Received a DataLoader with {what}. "
+            "Use split_batches=False (each process then takes whole batches), or build the DataLoader with "
+            "batch_size=... so each batch can be split.")
+    if split_batches and loader.batch_size % num_processes:
+        raise ValueError(
+            f"`split_batches=True` needs the loader's batch_size to divide by the {num_processes} processes. "
+            f"Received: batch_size={loader.batch_size}. Use a multiple of {num_processes}.")
+    return mode
+
+
+def _index_lists(batches: list[Any]) -> list[Any]:
+    """The batch sampler's batches as lists of indices; anything else is a clear error."""
+    for k, batch in enumerate(batches):
+        if type(batch) is list:
+            continue
+        if isinstance(batch, tuple) or (isinstance(batch, (torch.Tensor, np.ndarray)) and batch.ndim == 1):
+            batches[k] = list(batch) if isinstance(batch, tuple) else batch.tolist()
+            continue
+        raise TypeError(
+            f"`batch_sampler` must yield lists of dataset indices, one list per batch. Received {_short(batch)} "
+            f"({type(batch).__name__}) as batch {k} of the epoch. Make its __iter__ yield lists such as [3, 1, 4]; "
+            "for a dataset whose items are whole batches, use batch_size=None with a sampler of keys instead.")
+    return batches
 
 
 class DataLoaderShard(PositionedSource):
     """A prepared DataLoader: this rank's batches, on the device, in a resumable order.
 
-    Iterating it runs one epoch. A pass that finishes advances `position.epoch`, so the next
-    pass reshuffles; `state_dict()` records the position, and `skip_first_batches` continues it.
+    Iterating it runs one epoch. A pass that finishes advances `position.epoch`; `state_dict()`
+    records the position and the random state the epoch's order came from, so a resumed run
+    continues the epoch exactly with `skip_first_batches`.
 
     Args:
-        loader: The user's DataLoader; its dataset, collate_fn, workers and batch size are kept.
+        loader: The user's DataLoader; its dataset, sampler, batch sampler, generator, collate_fn,
+            workers and batch size are kept.
         device: Where batches go, or None to leave them where the loader made them.
         gradient_state: The owning Accelerator's accumulation state (`end_of_dataloader`).
         num_processes: World size.
         process_index: This rank.
         split_batches: Split each batch across ranks instead of giving each rank whole batches.
         even_batches: Pad the last round so every rank takes the same number of steps.
+        share: Returns rank 0's object on every rank (a broadcast), so all ranks draw one order;
+            None when each rank's own RNG is already the same (tests that shard by hand).
     """
 
     def __init__(self, loader: DataLoader, device: torch.device | None, gradient_state: GradientState,
                  num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
-                 even_batches: bool = True) -> None:
-        if isinstance(loader.dataset, IterableDataset):
-            raise TypeError(
-                "prepare() supports map-style datasets (with __len__ and __getitem__). Received a DataLoader "
-                f"over {type(loader.dataset).__name__}, an IterableDataset; shard it yourself per rank and "
-                "pass the DataLoader unprepared."
-            )
-        if loader.batch_size is None:
-            raise TypeError(
-                "prepare() needs a DataLoader built with batch_size (and optionally shuffle/sampler); "
-                "Received one built with a custom batch_sampler. Pass batch_size=... instead."
-            )
-        if split_batches and loader.batch_size % num_processes:
-            raise ValueError(
-                f"`split_batches=True` needs the loader's batch_size to divide by the {num_processes} processes. "
-                f"Received: batch_size={loader.batch_size}. Use a multiple of {num_processes}."
-            )
+                 even_batches: bool = True, share: Callable[[Any], Any] | None = None) -> None:
+        mode = _check_loader(loader, num_processes, split_batches)
         self.base_loader = loader
         self.device = device
         self.gradient_state = gradient_state
-        shuffle = _is_default_shuffle(loader.sampler)
-        self.position = DataPosition(seed=_draw_seed(loader.sampler) if shuffle else 0)
-        self.batch_sampler = _ShardedBatchSampler(
-            loader.sampler, loader.batch_size, loader.drop_last, shuffle, num_processes, process_index,
-            split_batches, even_batches, self.position)
+        self.position = DataPosition()
+        self.num_processes = num_processes
+        self._mode = mode
+        if mode == "samples":
+            self.dealer: SampleDealer | BatchDealer = SampleDealer(
+                _epoch_length(loader, "sampler"), loader.batch_size, loader.drop_last, num_processes,
+                process_index, split_batches, even_batches)
+        else:
+            declared = _epoch_length(loader, "batch_sampler" if mode == "batches" else "sampler")
+            self.dealer = BatchDealer(declared, num_processes, process_index, even_batches, sized=mode == "batches")
+        shares = share is not None and num_processes > 1 and draws_randomly(loader)
+        self.order = EpochOrder(loader, share if shares else None, process_index == 0)
+        self._pass = _PassBatches()
         self._generator = torch.Generator()
         self._inner = self._build_inner(loader)
         # Moving a batch costs a recursive walk; on the CPU the batch is already where it belongs.
@@ -162,11 +162,16 @@ class DataLoaderShard(PositionedSource):
         if workers > 0:
             kwargs = dict(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
                           multiprocessing_context=loader.multiprocessing_context)
+        if self._mode == "keys":
+            kwargs.update(batch_size=None, sampler=self._pass)
+        else:
+            kwargs.update(batch_sampler=self._pass)
+        # The worker base seed comes from our own generator, never the global RNG, which the
+        # pass has already drawn from exactly as the plain DataLoader would.
         return DataLoader(
-            WorkerSeededDataset(loader.dataset) if workers > 0 else loader.dataset,
-            batch_sampler=self.batch_sampler, num_workers=workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=functools.partial(init_worker, loader.worker_init_fn),
-            generator=self._generator, **kwargs)
+            WorkerSeededDataset(loader.dataset) if workers > 0 else loader.dataset, num_workers=workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
+            worker_init_fn=functools.partial(init_worker, loader.worker_init_fn), generator=self._generator, **kwargs)
 
     @property
     def dataset(self) -> Any:
@@ -174,48 +179,100 @@ class DataLoaderShard(PositionedSource):
         return self.base_loader.dataset
 
     @property
-    def batch_size(self) -> int:
-        """Samples per batch on this process."""
-        return self.batch_sampler.batch_size
+    def batch_size(self) -> int | None:
+        """Samples per batch on this process (None when batches are ready-made: batch_size=None)."""
+        if isinstance(self.dealer, SampleDealer):
+            return self.dealer.batch_size
+        return getattr(self.base_loader.batch_sampler, "batch_size", None)
 
     @property
-    def total_batch_size(self) -> int:
-        """Samples per step summed over all processes."""
-        return self.batch_sampler.round_size
+    def total_batch_size(self) -> int | None:
+        """Samples per step summed over all processes (None when unknown before loading)."""
+        if isinstance(self.dealer, SampleDealer):
+            return self.dealer.round_size
+        size = self.batch_size
+        return size * self.num_processes if isinstance(size, int) else None
 
     @property
     def total_dataset_length(self) -> int:
-        """Samples in one epoch of the dataset, before padding."""
-        return len(self.batch_sampler.sampler)
+        """Samples in one epoch before padding (batches, for a batch_sampler or batch_size=None)."""
+        return self.dealer.declared
+
+    @property
+    def length_check(self) -> tuple[int, str]:
+        """What every process must agree on at prepare(): the epoch's length, and its unit."""
+        return self.dealer.declared, "samples" if self._mode == "samples" else "batches"
 
     @property
     def sampler(self) -> "DataLoaderShard":
         # Scripts written for DDP call `loader.sampler.set_epoch(e)`; route that to us.
         return self
 
+    def set_epoch(self, epoch: int) -> None:
+        """Numbers the epoch, and passes it on to the user's sampler and batch sampler that have
+        set_epoch (samplers that seed their order from the epoch)."""
+        super().set_epoch(epoch)
+        loader = self.base_loader
+        for part in {id(p): p for p in (loader.sampler, loader.batch_sampler) if p is not None}.values():
+            if callable(getattr(part, "set_epoch", None)):
+                part.set_epoch(epoch)
+
     def __len__(self) -> int:
-        return len(self.batch_sampler)
+        return len(self.dealer)
 
     def __iter__(self) -> Iterator[Any]:
         return self.iterate(skip=0)
 
     def iterate(self, skip: int) -> Iterator[Any]:
-        """Runs the current epoch from batch `skip` on, without loading the skipped batches."""
-        self.batch_sampler.skip = skip
-        iterator = self._fetch(skip) if self._fetches_directly else self._start_inner()
-        yield from self._emit(iterator, skip, len(self.batch_sampler), self.batch_sampler.padded_remainder())
+        """Runs the current epoch from batch `skip` on, without loading the skipped batches.
 
-    def _start_inner(self) -> Iterator[Any]:
-        # The worker base seed comes from our own generator, not the global RNG, so creating the
-        # iterator leaves the global stream exactly where a resumed run restored it.
-        self._generator.manual_seed(mix_seed(self.position.seed, self.position.epoch, -1))
+        The order is drawn when the first batch is requested, as torch draws it; a pass with
+        skip > 0 replays the order its epoch was drawn with, when this loader knows it.
+        """
+        epoch = self.position.epoch
+        base_seed, order = self.order.draw(epoch, replay=skip > 0)
+        if self._mode == "batches":
+            order = _index_lists(order)
+        elif self._mode == "samples":
+            order = self.dealer.flatten(order)
+        dealt = self.dealer.deal(order, skip)
+        remainder, real_ranks = self.dealer.padding(order)
+        batches = self._fetch(dealt) if self._fetches_directly else self._start_inner(dealt, base_seed, epoch)
+        yield from self._emit(batches, skip, self.dealer.count(len(order)), remainder, real_ranks)
+
+    def _start_inner(self, dealt: Iterator[tuple[int, Any]], base_seed: int, epoch: int) -> Iterator[Any]:
+        seeded = self.base_loader.num_workers > 0
+        items: list[Any] = []
+        for number, item in dealt:
+            seed = mix_seed(base_seed, epoch, number) if seeded else 0
+            if self._mode == "keys":
+                items.append(SeededKey(item, seed) if seeded else item)
+            else:
+                items.append(SeededBatch(item))
+                items[-1].seed = seed
+        self._pass.items = items
+        self._generator.manual_seed(base_seed)
         return iter(self._inner)
 
-    def _fetch(self, skip: int) -> Iterator[Any]:
+    def _fetch(self, dealt: Iterator[tuple[int, Any]]) -> Iterator[Any]:
         """Loads batches in this process as torch's single-process fetcher does, without its
         per-batch profiler and iterator layers, which cost more than the rest of our loop."""
         dataset, collate = self.base_loader.dataset, self.base_loader.collate_fn
+        if self._mode == "keys":
+            for _, key in dealt:
+                yield collate(dataset[key])
+            return
         getitems = getattr(dataset, "__getitems__", None)
-        position = self.position
-        for indices in self.batch_sampler.generate(skip, position.seed, position.epoch, seeded=False):
+        for _, indices in dealt:
             yield collate(getitems(indices) if getitems else [dataset[i] for i in indices])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position plus "order": the random state the current epoch's order was drawn
+        from (tensors and ints; None before the first pass)."""
+        return dict(super().state_dict(), order=self.order.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the position and the order's random state. It never skips by itself: pass
+        `batches_consumed` to `skip_first_batches`, which then replays the epoch's order."""
+        self.order.load_state_dict(state.get("order"))  # checked first: raises before anything changes
+        super().load_state_dict(state)

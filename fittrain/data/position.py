@@ -37,22 +37,24 @@ class PositionedSource:
     _moves_batches: bool = False
     _non_blocking: bool = False
 
-    def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0) -> Iterator[Any]:
+    def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0,
+              real_ranks: int = 0) -> Iterator[Any]:
         """Yields this epoch's batches `skip`..`total - 1` from `batches`, on the device, keeping the
-        position and the accumulation state (`end_of_dataloader`, `remainder`) up to date."""
+        position and the accumulation state (`end_of_dataloader`, `remainder`, `real_ranks`) up
+        to date. Only the last round is padded: `remainder` (real samples) or `real_ranks` (ranks
+        holding a real batch) describe it, for gather_for_metrics."""
         state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder = False, 0
+        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
         last = total - 1
         for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
             position.batches_consumed = index + 1
             if index == last:
-                # Only the last round is padded; gather_for_metrics keeps its first `remainder` samples.
-                state.end_of_dataloader, state.remainder = True, remainder
+                state.end_of_dataloader, state.remainder, state.real_ranks = True, remainder, real_ranks
             yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
         position.epoch += 1
         position.batches_consumed = 0
         # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
-        state.end_of_dataloader, state.remainder = False, 0
+        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 from typing import Any, Callable, Iterator, NamedTuple
 
-import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .devices import batch_size_of
 from .stream_state import has_state
-from .workers import mix_seed
+from .workers import mix_seed, seed_worker_rngs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,15 +66,6 @@ class StreamItem(NamedTuple):
 def keep_as_is(item: Any) -> Any:
     """The collate_fn of the inner loader: `RankStream` already collated the batch."""
     return item
-
-
-def _seed_worker(seed: int) -> None:
-    # Per round, so randomness inside the stream does not depend on how far a resumed run replayed.
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    # The CPU generator only: torch.manual_seed also visits every accelerator backend, which
-    # costs ~0.1 ms a call, and a worker has no accelerator state of its own to seed.
-    torch.default_generator.manual_seed(seed)
 
 
 class RankStream(IterableDataset):
@@ -131,7 +119,8 @@ class RankStream(IterableDataset):
 
     def _read_round(self, samples: Iterator[Any], worker: int, index: int, in_worker: bool) -> list[Any]:
         if in_worker:
-            _seed_worker(mix_seed(self.base_seed, worker, index))
+            # Per round, so randomness inside the stream does not depend on how far a resumed run replayed.
+            seed_worker_rngs(mix_seed(self.base_seed, worker, index))
         return list(itertools.islice(samples, self.layout.round_length))
 
     def _share(self, real: list[Any]) -> tuple[list[Any], int]:

@@ -172,7 +172,7 @@ class StreamShard(PositionedSource):
     def _emit_stream(self, items: Iterator[tuple[Any, StreamItem]], skip: int) -> Iterator[Any]:
         """Yields batches one behind the stream, so the last is known (`end_of_dataloader`)."""
         state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder = False, 0
+        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
         current = next(items, None)
         going = self._agreed(current is not None)
         index = skip

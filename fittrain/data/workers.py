@@ -24,9 +24,37 @@ class SeededBatch(list):
     seed: int = 0
 
 
+class SeededKey:
+    """The key of a ready batch (`batch_size=None` loaders: `dataset[key]` is a whole batch) with
+    the seed its randomness must use in a worker."""
+
+    __slots__ = ("key", "seed")
+
+    def __init__(self, key: Any, seed: int) -> None:
+        self.key, self.seed = key, seed
+
+
+def seed_worker_rngs(seed: int) -> None:
+    """Seeds Python's `random`, NumPy's global RNG and torch's CPU generator in a DataLoader worker."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    # The CPU generator only: torch.manual_seed also visits every accelerator backend, which costs
+    # ~0.1 ms a call (per batch here), and a worker has no accelerator RNG of its own to seed.
+    torch.default_generator.manual_seed(seed)
+
+
+def _seed_this_worker(seed: int | None) -> None:
+    if seed is not None and get_worker_info() is not None:
+        seed_worker_rngs(seed)
+
+
 class WorkerSeededDataset(torch.utils.data.Dataset):
     """Seeds a worker's RNGs per batch, so `__getitem__` randomness does not depend on which
-    worker loads a batch, on `num_workers`, or on how many batches a resumed run skipped."""
+    worker loads a batch, on `num_workers`, or on how many batches a resumed run skipped.
+
+    Each batch's seed is `mix_seed(base_seed, epoch, batch number)`, where the base seed is the
+    one the DataLoader draws at the start of a pass as torch does (`fittrain.data.order`).
+    """
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -35,14 +63,13 @@ class WorkerSeededDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, SeededKey):
+            _seed_this_worker(index.seed)
+            return self.dataset[index.key]
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        seed = getattr(indices, "seed", None)
-        if seed is not None and get_worker_info() is not None:
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
-            torch.manual_seed(seed)
+        _seed_this_worker(getattr(indices, "seed", None))
         getitems = getattr(self.dataset, "__getitems__", None)
         return getitems(list(indices)) if getitems else [self.dataset[i] for i in indices]
 

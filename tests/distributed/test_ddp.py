@@ -72,12 +72,15 @@ def test_save_state_load_state_round_trips_exactly(ddp_job: dict[str, Any]) -> N
     assert not torch.equal(draws[0], draws[1])
 
 
-def test_each_rank_writes_its_rng_and_only_the_main_writes_shared_files(ddp_job: dict[str, Any]) -> None:
+def test_each_rank_writes_its_rng_and_data_states_and_only_the_main_writes_shared_files(
+        ddp_job: dict[str, Any]) -> None:
     rank0, rank1 = (rank["checkpoint"] for rank in ddp_job["ranks"])
-    assert rank1["written"] == ["random_states_1.pt"]
-    assert "random_states_0.pt" in rank0["written"] and "random_states_1.pt" not in rank0["written"]
+    assert sorted(rank1["written"]) == ["data_states_1.pt", "random_states_1.pt"]
+    assert {"random_states_0.pt", "data_states_0.pt"} <= set(rank0["written"])
+    assert not {"random_states_1.pt", "data_states_1.pt"} & set(rank0["written"])
     assert {"model.safetensors", "optimizer.pt"} <= set(rank0["written"])
-    assert {"random_states_0.pt", "random_states_1.pt", "manifest.json"} <= set(rank0["files"])
+    assert {"random_states_0.pt", "random_states_1.pt", "data_states_0.pt", "data_states_1.pt",
+            "manifest.json"} <= set(rank0["files"])
 
 
 def test_end_training_destroys_the_process_group(ddp_job: dict[str, Any]) -> None:

@@ -122,17 +122,23 @@ def _loader(workers: int) -> DataLoader:
 
 
 def test_worker_augmentation_is_a_function_of_seed_epoch_and_batch():
-    """Under DataLoader workers, `__getitem__` randomness is reseeded per batch from (shuffle seed,
-    epoch, batch index): a fresh loader, another global seed and skipped batches change nothing."""
+    """Under DataLoader workers, `__getitem__` randomness is reseeded per batch from (the pass's
+    base seed, epoch, batch number): a fresh loader, another global seed and skipped batches change
+    nothing once the checkpointed state (the loader's state and the RNG) is restored."""
     torch.manual_seed(0)
     dl = Accelerator().prepare(_loader(workers=2))
-    state = dl.state_dict()
-    epoch0, epoch1 = [b.clone() for b in dl], [b.clone() for b in dl]
+    epoch0 = []
+    for batch in dl:
+        epoch0.append(batch.clone())
+        if len(epoch0) == 3:
+            state, rng = dl.state_dict(), torch.get_rng_state()  # what save_state keeps
+    epoch1 = [b.clone() for b in dl]
 
     torch.manual_seed(999), np.random.seed(999), random.seed(999)
     acc = Accelerator()
     resumed = acc.prepare(_loader(workers=2))
-    resumed.load_state_dict(dict(state, batches_consumed=3))
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)  # load_state restores the RNG last
     tail = [b.clone() for b in acc.skip_first_batches(resumed, 3)]
     assert len(tail) == len(epoch0) - 3
     for got, want in zip(tail, epoch0[3:]):
