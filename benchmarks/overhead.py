@@ -2,13 +2,17 @@
 
 The model is a tiny MLP on the CPU with one thread, so a step costs well under a millisecond and
 any Python a framework adds per step shows in the ratio. Every loop trains the same model (same
-initial weights) on the same data for the same number of optimizer steps, in two modes:
+initial weights) on the same data for the same number of optimizer steps, in these batch modes:
 
 - **DataLoader**: a real `DataLoader` over a `TensorDataset` builds each batch (index + collate).
 - **pre-built**: batches are collated once, before timing, and every loop iterates the same
   Python list of them: the hand loop and the Accelerator loop directly (nothing is prepared),
   `Trainer.fit` and Lightning through their support for a plain list of batches, Ignite through
   its support for any iterable.
+- **batch_size=None** and **IterableDataset** (`benchmarks/loaders.py`; only the hand, Accelerator
+  and `Trainer.fit` rows): a real DataLoader over the pre-built batches as a map-style dataset,
+  and one batching a stream of the samples; the hand loop iterates it unprepared, the others
+  prepared. `--workers-row` measures instead samples/s over a stream with `num_workers=2`.
 
 What is timed: every loop's batch source ticks a clock when it hands out a batch (the collate
 function or the list iterator: the same code in every loop), so the intervals
@@ -25,10 +29,12 @@ the same statistic of the hand runs taken just before each run. The plain median
 hand runs around each run is shown beside it; on an idle machine the two agree.
 
 Usage:
-    python -m benchmarks.overhead                  # defaults: about two minutes on a slow 2-core VM
+    python -m benchmarks.overhead                  # defaults: about three minutes on a slow 2-core VM
     python -m benchmarks.overhead --quick          # a smoke run
     python benchmarks/overhead.py --steps 1001 --repeats 15
     python -m benchmarks.overhead --profile "no callbacks" --mode prebuilt   # cProfile one loop
+    python -m benchmarks.overhead --modes batched,stream     # only the rows of these batch modes
+    python -m benchmarks.overhead --workers-row              # samples/s with num_workers=2 instead
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
+from benchmarks import loaders
 from fittrain import Accelerator, TrainModule, Trainer
 
 IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 64, 1
@@ -190,6 +197,10 @@ class Workload:
 
     def source(self, mode: str, clock: StepClock) -> Iterable[Batch]:
         """What every loop iterates: a real loader, or the list of pre-built batches itself."""
+        if mode == "batched":
+            return loaders.batched_loader(self.batches, clock)
+        if mode == "stream":
+            return loaders.stream_loader(self.dataset, BATCH_SIZE, TimedCollate(clock))
         return self.loader(clock) if mode == "loader" else TimedList(self.batches, clock)
 
 
@@ -262,8 +273,8 @@ def run_accelerator(work: Workload, mode: str) -> RunResult:
     accelerator = Accelerator(cpu=True)
     model = work.model()
     optimizer = model.configure_optimizers()
-    if mode == "loader":
-        model, optimizer, source = accelerator.prepare(model, optimizer, work.loader(clock))
+    if mode != "prebuilt":
+        model, optimizer, source = accelerator.prepare(model, optimizer, work.source(mode, clock))
     else:  # pre-built batches are already where they belong: nothing to prepare
         model, optimizer = accelerator.prepare(model, optimizer)
         source = TimedList(work.batches, clock)
@@ -395,17 +406,20 @@ class Contender:
     needs: tuple[str, ...] = ()  # "module" or "module:Name"; "a|b" means either
 
 
-MODES = ("loader", "prebuilt")
+MODES = ("loader", "prebuilt", "batched", "stream")  # the last two: benchmarks/loaders.py
 AA_CONTROL = "hand loop again (A/A control)"
 AA_TOLERANCE = 0.02
-MODE_TITLES = {"loader": "DataLoader", "prebuilt": "pre-built"}
+MODE_TITLES = {"loader": "DataLoader", "prebuilt": "pre-built", "batched": "batch_size=None",
+               "stream": "IterableDataset"}
 
 CONTENDERS = (
     # The hand loop against itself: its ratio is this run's measurement error. When it strays from
     # 1.000× by more than a target's margin, the machine is too busy to judge that target.
-    Contender(AA_CONTROL, run_hand),
-    Contender("fittrain Accelerator loop", run_accelerator, target={"prebuilt": 1.03}),
-    Contender("fittrain Trainer.fit, no callbacks", run_trainer, target={"loader": 1.05, "prebuilt": 1.05}),
+    Contender(AA_CONTROL, run_hand, modes=MODES),
+    Contender("fittrain Accelerator loop", run_accelerator, modes=MODES,
+              target={"prebuilt": 1.03, "batched": 1.03, "stream": 1.03}),
+    Contender("fittrain Trainer.fit, no callbacks", run_trainer, modes=MODES,
+              target={"loader": 1.05, "prebuilt": 1.05, "batched": 1.05, "stream": 1.05}),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY})", run_trainer_logger,
               target={"loader": 1.10, "prebuilt": 1.10}, needs=("fittrain.callbacks:Logger",)),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY}) + Checkpointer({CHECKPOINT_EVERY})", run_trainer_logger_ckpt,
@@ -480,15 +494,18 @@ class Measurement:
     hand_first: dict[str, list[RunResult]]
     hand_all: dict[str, list[RunResult]]  # for the noise line
     results: dict[tuple[str, str], Samples]
+    # (loop, mode) -> the error its warm-up run raised: the table reports it instead of a time.
+    failures: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
 
-def measure(work: Workload, contenders: Sequence[Contender], repeats: int,
-            log: Callable[[str], None]) -> Measurement:
-    """Runs H C1 H C2 ... H per mode and round, rotating the contender order every round."""
-    out = Measurement({mode: [] for mode in MODES}, {mode: [] for mode in MODES}, {})
+def measure(work: Workload, contenders: Sequence[Contender], repeats: int, log: Callable[[str], None],
+            modes: Sequence[str] = MODES, failures: dict[tuple[str, str], str] | None = None) -> Measurement:
+    """Runs H C1 H C2 ... H per mode and round, rotating the contender order every round; loops in
+    `failures` are left out."""
+    out = Measurement({mode: [] for mode in modes}, {mode: [] for mode in modes}, {}, dict(failures or {}))
     for round_index in range(repeats):
-        for mode in MODES:
-            group = [c for c in contenders if mode in c.modes]
+        for mode in modes:
+            group = [c for c in contenders if mode in c.modes and (c.name, mode) not in out.failures]
             shift = round_index % max(len(group), 1)
             group = group[shift:] + group[:shift]
             _timed(run_hand, work, mode)  # discarded: the first run after a mode switch starts cold
@@ -508,14 +525,25 @@ def measure(work: Workload, contenders: Sequence[Contender], repeats: int,
     return out
 
 
-def warm_up(work: Workload, contenders: Sequence[Contender]) -> None:
-    """One short run of everything: first calls pay for lazy imports and allocator growth."""
+def warm_up(work: Workload, contenders: Sequence[Contender],
+            modes: Sequence[str] = MODES) -> dict[tuple[str, str], str]:
+    """One short run of everything: first calls pay for lazy imports and allocator growth.
+
+    Returns the error of each (loop, mode) whose run raised (say, a loader `prepare()` refuses):
+    the table reports it in that row, and the other rows are still measured.
+    """
     short = dataclasses.replace(work, steps=min(work.steps, 60))
-    for mode in MODES:
+    failures = {}
+    for mode in modes:
         run_hand(short, mode)
         for contender in contenders:
             if mode in contender.modes:
-                contender.run(short, mode)
+                try:
+                    contender.run(short, mode)
+                except Exception as error:  # noqa: BLE001 - reported in the table, and main exits 1
+                    message = (str(error).splitlines() or [""])[0][:200].replace("|", "/")
+                    failures[(contender.name, mode)] = f"{type(error).__name__}: {message}"
+    return failures
 
 
 # --------------------------------------------------------------------------- report
@@ -529,13 +557,16 @@ def format_table(measured: Measurement, contenders: Sequence[Contender]) -> str:
     """A markdown table, one row per loop and batch mode."""
     lines = ["| loop | batches | µs/step | × hand | × hand, median of pairs | fixed ms per run | target |",
              "|---|---|---:|---:|---:|---:|---|"]
-    for mode in MODES:
+    for mode in measured.hand_first:
         base = quiet_per_step(measured.hand_first[mode])
         fixed = statistics.median(r.fixed for r in measured.hand_all[mode])
         lines.append(f"| hand-written loop (baseline) | {MODE_TITLES[mode]} | {base * 1e6:.1f} | 1.000× | 1.000× | "
                      f"{fixed * 1e3:.1f} | |")
         for contender in contenders:
             samples = measured.results.get((contender.name, mode))
+            failure = measured.failures.get((contender.name, mode))
+            if failure is not None:
+                lines.append(f"| {contender.name} | {MODE_TITLES[mode]} | – | – | – | – | failed: {failure} |")
             if samples is None:
                 continue
             ratio = samples.quiet_ratio
@@ -547,7 +578,7 @@ def format_table(measured: Measurement, contenders: Sequence[Contender]) -> str:
 
 def _noise(measured: Measurement) -> str:
     parts = []
-    for mode in MODES:
+    for mode in measured.hand_all:
         steps = sorted(r.per_step * 1e6 for r in measured.hand_all[mode])
         parts.append(f"{MODE_TITLES[mode]} {steps[0]:.0f}–{steps[-1]:.0f} µs/step (median "
                      f"{statistics.median(steps):.0f}) over {len(steps)} runs")
@@ -617,7 +648,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="wall: perf_counter (default); cpu: this process's CPU time, steadier on a busy "
                              "shared machine (it still counts the process's own threads, such as TensorBoard's)")
     parser.add_argument("--mode", choices=MODES, default="prebuilt", help="batch mode for --profile")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated batch modes to time (default: all, {','.join(MODES)})")
+    parser.add_argument("--workers-row", action="store_true",
+                        help=f"instead of the table: samples/s of Trainer.fit and the hand loop over an "
+                             f"IterableDataset with num_workers={loaders.WORKERS}, alternating --repeats rounds")
     args = parser.parse_args(argv)
+    args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown or not args.modes:
+        parser.error(f"--modes takes a comma-separated list of {', '.join(MODES)}. Received: --modes "
+                     f"{','.join(args.modes)!r}. Name one or more of those modes, e.g. --modes batched,stream.")
     if args.quick:
         args.steps, args.repeats = 101, 2
     if args.steps < 2 or args.repeats < 1:
@@ -640,9 +681,13 @@ def main(argv: Sequence[str] | None = None) -> str:
         print(report)
         return report
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"overhead: {len(contenders)} loops × {len(MODES)} modes, {args.steps} steps, {args.repeats} rounds")
-    warm_up(work, contenders)
-    measured = measure(work, contenders, args.repeats, log)
+    if args.workers_row:
+        report = loaders.measure_workers(work, BATCH_SIZE, args.repeats, log)
+        print(report)
+        return report
+    log(f"overhead: {len(contenders)} loops × {len(args.modes)} modes, {args.steps} steps, {args.repeats} rounds")
+    failures = warm_up(work, contenders, args.modes)
+    measured = measure(work, contenders, args.repeats, log, args.modes, failures)
     lines = [f"Per-step time, tiny MLP {IN_FEATURES}→{HIDDEN}→{HIDDEN}→{OUT_FEATURES}, batch {BATCH_SIZE}, "
              f"SGD+momentum, CPU, {args.steps} steps per run, {args.repeats} alternating rounds, {args.clock} clock.",
              f"Machine: {describe_machine()}.", "", format_table(measured, contenders), "",
@@ -654,6 +699,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     lines += [f"Note: {note}." for note in notes]
     report = "\n".join(lines)
     print(report)
+    if measured.failures:
+        raise SystemExit(f"overhead: {len(measured.failures)} row(s) could not run (see 'failed:' in the table).")
     return report
 
 

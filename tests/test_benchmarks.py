@@ -3,8 +3,10 @@
 Each benchmark runs as `python -m benchmarks.<name>` from the repository root, as the README
 says, in its own process: several start processes of their own (memory, ddp), and all of them
 set process-wide torch state. A run passes when it exits with 0 and prints its table with at
-least one row that holds a ratio. These tests check that the benchmarks still work end to end,
-not what they measure: at these sizes the numbers are noise.
+least one row that holds a ratio (and, where a case names rows, each of them with a finite
+ratio: the overhead rows of the batch_size=None and IterableDataset modes, and its workers row).
+These tests check that the benchmarks still work end to end, not what they measure: at these
+sizes the numbers are noise.
 
 Most of each run's time is starting Python and importing torch (and, for the first optimizer,
 torch._dynamo), once per process. The memory benchmark starts one fresh process per loop and has
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import math
 import os
 import pathlib
 import re
@@ -42,10 +45,17 @@ class Case:
     module: str
     args: tuple[str, ...]
     markdown: bool  # a markdown table with "×"; otherwise a plain-text table with a ratio column
+    # Markdown rows that must be there, by their first cells ("loop | batches"), each with a finite ratio.
+    rows: tuple[str, ...] = ()
 
+
+LOADER_ROWS = tuple(f"{loop} | {batches}" for batches in ("batch_size=None", "IterableDataset")
+                    for loop in ("fittrain Accelerator loop", "fittrain Trainer.fit, no callbacks"))
 
 CASES = [
-    pytest.param(Case("overhead", ("--steps", "20", "--repeats", "1"), True), id="overhead"),
+    pytest.param(Case("overhead", ("--steps", "20", "--repeats", "1"), True, LOADER_ROWS), id="overhead"),
+    pytest.param(Case("overhead", ("--workers-row", "--steps", "20", "--repeats", "1"), True,
+                      ("fittrain Trainer.fit, no callbacks",)), id="overhead-workers-row"),
     pytest.param(Case("memory", ("--quick",), True), id="memory", marks=pytest.mark.slow),
     pytest.param(Case("checkpoint", ("--mb", "8", "--repeats", "1"), False), id="checkpoint"),
     pytest.param(Case("ddp", ("--steps", "4", "--rounds", "1"), False), id="ddp"),
@@ -71,6 +81,16 @@ def ratio_rows(output: str, markdown: bool) -> list[str]:
             if re.search(RATIO, line) and len(NUMBER.findall(line)) >= 3]
 
 
+def first_ratio(output: str, row: str) -> float | None:
+    """The first ratio cell ("1.234×") of the markdown row whose first cells are `row`, or None."""
+    for line in output.splitlines():
+        if line.startswith(f"| {row} |"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            ratios = [cell[:-1] for cell in cells if re.fullmatch(r"(\d+\.\d+|nan|inf)×", cell)]
+            return float(ratios[0]) if ratios else None
+    return None
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_benchmark_runs_and_prints_its_table(case: Case) -> None:
     done = run_benchmark(case.module, *case.args)
@@ -79,6 +99,11 @@ def test_benchmark_runs_and_prints_its_table(case: Case) -> None:
                   f"({'markdown' if case.markdown else 'plain text'}):\n{done.stdout[-3000:]}")
     if case.markdown:
         assert "×" in done.stdout
+    for row in case.rows:
+        ratio = first_ratio(done.stdout, row)
+        assert ratio is not None and math.isfinite(ratio), (
+            f"benchmarks.{case.module} {' '.join(case.args)} printed no finite ratio in row {row!r}:\n"
+            f"{done.stdout[-3000:]}")
 
 
 def test_gpu_benchmark_without_cuda_says_so_and_exits_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
