@@ -105,8 +105,9 @@ class StreamShard(PositionedSource):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The position and the pass state (per worker: rounds read, the dataset's state)."""
-        return {**super().state_dict(), "stream": self._pass}
+        """The position and the pass state (per worker: rounds read, the dataset's state), copied:
+        the live pass state changes with every batch."""
+        return {**super().state_dict(), "stream": copy.deepcopy(self._pass)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the position; the next `iterate(skip=batches_consumed)` continues the pass."""
