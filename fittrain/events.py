@@ -24,13 +24,13 @@ The loop that fires them, in the order `Trainer.fit` runs it::
             on_validation_end                         # EarlyStop decides here
         on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here
         stop if trainer.state.should_stop
+    on_fit_end
+    on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
 
 A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
 saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
 next batch and does not validate again. An epoch never validates twice at one step: with
 val_every_n_steps there is no validation at epoch ends.
-    on_fit_end
-    on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
 """
 
 from __future__ import annotations

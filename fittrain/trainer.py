@@ -152,6 +152,9 @@ class Trainer:
         self._averager: ValidationAverager | None = None
         self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
         self._eval_loaders: dict[int, Any] = {}
+        # Set by a Checkpointer that monitors a metric (save_top_k): the best checkpoint so far.
+        self.best_checkpoint: pathlib.Path | None = None
+        self.best_score: float | None = None
 
     @property
     def callbacks(self) -> list[Callback]:
