@@ -347,11 +347,14 @@ class Trainer:
         if str(self.resume_from) == "latest":
             # The newest checkpoint that loads: one whose files are refused only when parsed (a
             # planted pickle, garbled contents) is passed over like one that fails its checksums.
-            load_newest(resume.parent, lambda msg: warn_once(self, msg), acc.load_state)
+            loaded = load_newest(resume.parent, lambda msg: warn_once(self, msg), acc.load_state)
         else:
-            acc.load_state(resume)
+            loaded = acc.load_state(resume)
         # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
         self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
+        # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
+        acc.print(f"Resumed from {loaded}: epoch {self.state.epoch}, optimizer step {self.state.global_step}, "
+                  f"{self.train_loader.position.batches_consumed} batches into the epoch.")
 
     def _prepare_eval(self, loader: Any) -> Any:
         # No padding for evaluation: every sample counts once, and ranks meet only at the end.

@@ -155,7 +155,7 @@ def test_hook_exception_keeps_type_gains_note_and_fires_on_exception(tmp_path):
     assert "on_fit_end" not in rec.events
 
 
-def test_resume_continues_at_the_saved_step(tmp_path):
+def test_resume_continues_at_the_saved_step(tmp_path, capsys):
     class SaveAt(Callback):
         def on_train_batch_end(self, trainer):
             if trainer.state.global_step == 3 and trainer.state.batch_idx == 2:
@@ -171,6 +171,9 @@ def test_resume_continues_at_the_saved_step(tmp_path):
     assert trainer.state.global_step == 8
     assert torch.equal(full.net.weight, resumed.net.weight)
     assert resumed.seen_batches == 5  # the 3 consumed batches were not replayed
+    # A resume says what it loaded, in one line.
+    line = f"Resumed from {tmp_path / 'checkpoints' / 'checkpoint_0'}: epoch 0, optimizer step 3, 3 batches into the epoch."
+    assert capsys.readouterr().out.splitlines().count(line) == 1
 
 
 def test_bad_arguments_name_argument_and_value():
