@@ -203,6 +203,8 @@ class References:
                                 (f"single_w{workers}_saving", ("--save-steps", self.SAVE_STEPS))):
                 runs.append(["train", "--project", self.root / name, "--result", self.result(name),
                              "--workers", workers, *extra])
+        runs.append(["train", "--project", self.root / "stream_w2", "--result", self.result("stream_w2"),
+                     "--stream", "--workers", 2])
         runs.append(["plain", "--result", self.result("plain")])
         runs.append(["plain", "--result", self.result("plain_saving"), "--checkpoint", self.plain_checkpoint,
                      "--save-at-step", self.PLAIN_SAVE_STEP])

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 import torch._dynamo  # noqa: F401  (every optimizer step imports it; a job started early pays for it now)
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from fittrain import Callback, Trainer, TrainModule
 
@@ -56,6 +56,32 @@ class NoisyDataset(Dataset):
         if self.augment:
             x = x + 0.1 * torch.randn(8) + float(np.random.normal(0, 0.05)) + random.gauss(0, 0.05)
         return x, self.y[i]
+
+
+class NoisyStream(IterableDataset):
+    """The same samples as a stream: shuffled per epoch from (1234, epoch), split among DataLoader
+    workers, with the same augmentation noise drawn while iterating, and a resumable position."""
+
+    def __init__(self, n: int) -> None:
+        self.items, self.epoch, self.done, self.start = NoisyDataset(n, augment=True), 0, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.items), generator=torch.Generator().manual_seed(1234 + self.epoch))
+        info = get_worker_info()
+        mine = order[info.id::info.num_workers] if info is not None else order
+        self.done, start, self.start = self.start, self.start, 0
+        for i in mine[start:].tolist():
+            self.done += 1
+            yield self.items[i]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.start = state["done"]
 
 
 class Net(TrainModule):
@@ -169,6 +195,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--result", help="where to write the final parameters (safetensors)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every RNG before anything is built")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--stream", action="store_true", help="train on NoisyStream, an IterableDataset")
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=5)
@@ -198,8 +225,11 @@ def build(args: argparse.Namespace, extra: tuple[Callback, ...] = ()) -> tuple[T
     torch.use_deterministic_algorithms(True)
     seed_everything(args.seed)
     trace = Trace(pathlib.Path(args.progress) if args.progress else None, args.batch_sleep)
-    train = DataLoader(NoisyDataset(args.samples, augment=True), batch_size=args.batch_size, shuffle=True,
-                       num_workers=args.workers)
+    if args.stream:
+        train = DataLoader(NoisyStream(args.samples), batch_size=args.batch_size, num_workers=args.workers)
+    else:
+        train = DataLoader(NoisyDataset(args.samples, augment=True), batch_size=args.batch_size, shuffle=True,
+                           num_workers=args.workers)
     val = DataLoader(NoisyDataset(16, augment=False), batch_size=8)
     trainer = Trainer(callbacks=[*make_callbacks(args, trace), *extra], max_epochs=args.epochs,
                       gradient_accumulation_steps=args.accumulate, project_dir=args.project,
