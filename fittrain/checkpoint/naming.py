@@ -3,7 +3,8 @@
 With automatic naming, `save_state()` writes `{project_dir}/checkpoints/checkpoint_{i}`. The main
 process reserves the number (`reserve_target`, through `temp_folders.reserve_numbered`), so
 writers sharing a project never pick the same one; `ProjectConfiguration.prune` deletes the oldest
-folders beyond `total_limit`, hiding each under a temporary name first. `list_checkpoints` lists
+folders beyond `total_limit`, hiding each under a temporary name first (`delete_checkpoints` does
+the same for named folders, for `Checkpointer(save_top_k=...)`). `list_checkpoints` lists
 the numbered folders, complete or not; `latest` picks the loadable one.
 """
 
@@ -14,7 +15,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .errors import CheckpointError
 from .temp_folders import TempFolder, raise_if_no_space, reserve_numbered
@@ -105,8 +106,7 @@ class ProjectConfiguration:
         if self.total_limit is None:
             return
         root = self.checkpoints_dir
-        for stale in root.glob(f".{PREFIX}*{_DELETING}"):  # left by a crash during an earlier prune
-            shutil.rmtree(stale, ignore_errors=True)
+        _remove_stale_deletions(root)
         for old in list_checkpoints(root, PREFIX)[:-self.total_limit]:
             _delete_checkpoint(old)
 
@@ -150,6 +150,33 @@ def reserve_target(config: ProjectConfiguration, is_main_process: bool,
 
 
 _DELETING = ".deleting"
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is an automatic checkpoint folder's name, `checkpoint_{i}` (no path parts)."""
+    return re.fullmatch(re.escape(PREFIX) + r"[0-9]+", name) is not None
+
+
+def delete_checkpoints(root: pathlib.Path, names: Iterable[str]) -> None:
+    """Deletes the named automatic checkpoints under `root`, for retention rules other than `total_limit`.
+
+    Each folder is hidden under a temporary name before it is removed, as `prune` does, so a
+    crash never leaves a half-deleted `checkpoint_{i}`; a folder already gone is skipped. Call it
+    only once the newer checkpoint that replaces them is committed.
+
+    Raises:
+        ValueError: for a name other than `checkpoint_{i}`, which is never deleted.
+    """
+    _remove_stale_deletions(root)
+    for name in names:
+        if not is_checkpoint_name(name):
+            raise ValueError(f"delete_checkpoints() deletes only folders named '{PREFIX}{{i}}'. Received: {name!r:.80}.")
+        _delete_checkpoint(root / name)
+
+
+def _remove_stale_deletions(root: pathlib.Path) -> None:
+    for stale in root.glob(f".{PREFIX}*{_DELETING}"):  # left by a crash during an earlier deletion
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _delete_checkpoint(folder: pathlib.Path) -> None:
