@@ -27,6 +27,17 @@ The loop that fires them, in the order `Trainer.fit` runs it::
     on_fit_end
     on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
 
+`Trainer.validate`, `Trainer.test` and `Trainer.predict` run outside fit (or after it) and fire
+only their own events (not on_exception), after the module and the loader are prepared::
+
+    on_validation_start, on_validation_batch_end (each batch), on_validation_end    validate
+    on_test_start                     then test_step (or validation_step) on each batch
+        on_test_batch_end  (once per test batch)
+    on_test_end                       trainer.state.metrics holds the averaged test_* metrics
+    on_predict_start                  then predict_step on each batch; each round gathered
+        on_predict_batch_end  (once per batch)
+    on_predict_end                    before predict() returns the outputs
+
 A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
 saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
 next batch and does not validate again. An epoch never validates twice at one step: with
@@ -58,13 +69,20 @@ class Event(str, enum.Enum):
     TRAIN_EPOCH_END = "on_train_epoch_end"
     FIT_END = "on_fit_end"
     EXCEPTION = "on_exception"
+    TEST_START = "on_test_start"
+    TEST_BATCH_END = "on_test_batch_end"
+    TEST_END = "on_test_end"
+    PREDICT_START = "on_predict_start"
+    PREDICT_BATCH_END = "on_predict_batch_end"
+    PREDICT_END = "on_predict_end"
 
 
 EVENT_NAMES = tuple(e.value for e in Event)
 
 
 class Callback:
-    """Base class for objects that act at points of `Trainer.fit`; every hook is a no-op.
+    """Base class for objects that act at points of `Trainer.fit` (and of `validate`, `test` and
+    `predict`); every hook is a no-op.
 
     Override only the hooks you need: the Trainer calls a hook only on callbacks that override
     it, so unused events cost nothing. A callback with state implements `state_dict` and
@@ -115,6 +133,24 @@ class Callback:
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """When anything in fit raised; the exception propagates afterwards."""
+
+    def on_test_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, before the first batch (the module and loader are prepared)."""
+
+    def on_test_batch_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, after each batch."""
+
+    def on_test_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, after the loop; `trainer.state.metrics` holds the averaged test_* metrics."""
+
+    def on_predict_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, before the first batch (the module and loader are prepared)."""
+
+    def on_predict_batch_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, after each batch's outputs were gathered."""
+
+    def on_predict_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, after the loop, before the outputs are returned."""
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints (JSON-like: numbers, strings, lists, dicts, tensors)."""

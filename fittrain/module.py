@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 class TrainModule(nn.Module):
     """An nn.Module that knows how to train itself: a step, an optional validation step, and
-    its optimizer.
+    its optimizer; optionally, a test step and a prediction step.
 
     While fitting, `self.trainer`, `self.device`, `self.global_step` and `self.current_epoch`
     tell where training stands, and `self.log(name, value)` records a metric.
@@ -55,15 +55,37 @@ class TrainModule(nn.Module):
             "validation_step(self, batch). Implement it, or pass no val_loader."
         )
 
+    def test_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Optional. Like `validation_step`, for `Trainer.test`; without it, `Trainer.test` runs
+        `validation_step` (which is what this default calls).
+
+        Returns:
+            A scalar (recorded as `test_loss`) or a dict of named scalars, each averaged over the
+            whole test set and all processes. Names are given the prefix `test_`: `val_acc` and
+            `acc` are both recorded as `test_acc`, and `test_acc` stays as it is.
+        """
+        return self.validation_step(batch)
+
+    def predict_step(self, batch: Any) -> Any:
+        """Optional. The output of one batch for `Trainer.predict`; by default `self(batch)`, the
+        module's forward on the whole batch (override it for batches such as `(x, y)`).
+
+        Returns:
+            A tensor, or a dict, tuple or list of tensors, whose first dimension is the batch's
+            samples; or a list with one item (of any picklable kind) per sample.
+        """
+        return self(batch)
+
     def configure_optimizers(self) -> Any:
         """Returns an optimizer, an (optimizer, scheduler) pair, or a dict with the keys
         "optimizer" and "lr_scheduler".
 
         One optimizer, over this module's parameters (several parts: one parameter group each),
-        and at most one `torch.optim.lr_scheduler.LRScheduler` built on it. Lightning's lists of
-        one (`[opt], [sched]`) work too. "lr_scheduler" may be `{"scheduler": s, "interval":
-        "step" or "epoch"}` (also "frequency": 1 and "name"); `monitor` and ReduceLROnPlateau are
-        not supported yet. Anything else is refused when `fit` starts.
+        and at most one LR scheduler built on it. Lightning's lists of one (`[opt], [sched]`) work
+        too. "lr_scheduler" may be Lightning's dict, `{"scheduler": s, "interval": "step" or
+        "epoch", "frequency": n, "monitor": "val_loss"}`; ReduceLROnPlateau steps on its monitor
+        after validation (`fittrain.schedules` says when each kind steps). Anything else is
+        refused when `fit` starts.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement configure_optimizers(self) returning an optimizer, "
@@ -84,6 +106,14 @@ class TrainModule(nn.Module):
     def has_validation_step(self) -> bool:
         """Whether the subclass implements `validation_step`."""
         return type(self).validation_step is not TrainModule.validation_step
+
+    def has_test_step(self) -> bool:
+        """Whether the subclass implements `test_step`."""
+        return type(self).test_step is not TrainModule.test_step
+
+    def can_predict(self) -> bool:
+        """Whether `predict_step` can run: the subclass implements it, or a forward for its default."""
+        return type(self).predict_step is not TrainModule.predict_step or type(self).forward is not nn.Module.forward
 
     # Stored outside nn.Module's registries so the Trainer is neither a submodule nor saved.
     def attach(self, trainer: "Trainer | None") -> None:

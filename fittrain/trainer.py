@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from . import evaluation
 from .accelerator import Accelerator
 from .data import check_batches
 from .callback_states import CallbackStates
@@ -26,10 +27,10 @@ from .events import Callback, EventDispatcher, check_callbacks
 from .module import TrainModule
 from .parallel import check_strategy
 from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
+from .schedules import Schedule, make_schedule, parse_optimizers
 from .trainer_parts import (LazyMetrics, ValidationAverager, check_accelerator, check_count, check_loader,
                             check_one_checkpointer, check_path, check_validation_interval, empty_epoch_error,
-                            explain_backward_error, extract_loss, length_of, make_step_runner, split_optimizers,
-                            warn_once)
+                            explain_backward_error, extract_loss, length_of, make_step_runner, warn_once)
 
 
 @dataclasses.dataclass
@@ -148,7 +149,7 @@ class Trainer:
         self.scheduler: Any = None
         self.train_loader: Any = None
         self.val_loader: Any = None
-        self._scheduler_per_epoch = False
+        self.lr_schedule = Schedule()  # steps the scheduler at the loop's fixed points (fittrain/schedules.py)
         self._averager: ValidationAverager | None = None
         self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
         self._eval_loaders: dict[int, Any] = {}
@@ -206,8 +207,8 @@ class Trainer:
         every = self.val_every_n_epochs  # None with val_every_n_steps: no validation at epoch ends
         if self.val_loader is not None and every is not None and (self.state.epoch + 1) % every == 0:
             self._validate_prepared(self.val_loader)
-        if self._scheduler_per_epoch:
-            self.scheduler.scheduler.step()
+            self.lr_schedule.after_validation(self.state.raw_metrics, epoch=self.state.epoch)
+        self.lr_schedule.after_epoch(self.state.epoch)
         self.state.check_loss()
         self.events.fire("on_train_epoch_end", self)
         self.state.epoch += 1
@@ -234,10 +235,9 @@ class Trainer:
                 if acc.sync_gradients:
                     fire("on_before_optimizer_step", self)
                     self.optimizer.step()
-                    if not self._scheduler_per_epoch:
-                        self.scheduler.step()
                     self.optimizer.zero_grad()
                     self.state.global_step += 1
+                    self.lr_schedule.after_optimizer_step(self.state.global_step)
                     stepped = True
             else:
                 warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
@@ -252,6 +252,7 @@ class Trainer:
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""
         self._validate_prepared(self.val_loader)
+        self.lr_schedule.after_validation(self.state.raw_metrics, step=self.state.global_step)
         # One collective per validation, never per step: the main process's decision wins.
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
         return self.state.should_stop
@@ -284,7 +285,7 @@ class Trainer:
     def _steps_done(self) -> bool:
         return self.max_steps is not None and self.state.global_step >= self.max_steps
 
-    # ----------------------------------------------------------------- validation
+    # ----------------------------------------------------------------- evaluation (fittrain/evaluation.py)
     def validate(self, module: TrainModule, loader: Any) -> dict[str, float]:
         """Runs `validation_step` over `loader` and returns the averaged metrics.
 
@@ -292,31 +293,38 @@ class Trainer:
             >>> trainer.validate(module, val_loader)
             {'val_loss': 0.12}
         """
-        if not isinstance(loader, DataLoader):
-            check_batches(loader, "loader")
-        if self.module is not module:
-            self.module = module
-            module.attach(self)
-            self.model = self.accelerator.prepare(module)
-            self._run_step = make_step_runner(self.model, module)
-        return self._validate_prepared(self._prepare_eval(loader))
+        evaluation.check_inputs("validate", module, loader)
+        evaluation.use_module(self, module)
+        return self._validate_prepared(evaluation.prepare_loader(self, loader))
 
     def _validate_prepared(self, loader: Any) -> dict[str, float]:
-        self.events.fire("on_validation_start", self)
-        self._averager = averager = ValidationAverager(self.accelerator.device)
-        was_training = self.module.training
-        self.module.eval()
-        with torch.no_grad():
-            for batch in loader:
-                with self.accelerator.autocast():
-                    averager.add_output(self._run_step("validation_step", batch), batch)
-                self.events.fire("on_validation_batch_end", self)
-        self._averager = None
-        self.module.train(was_training)
-        results = averager.result(self.accelerator)
-        self.state.raw_metrics.update(results)
-        self.events.fire("on_validation_end", self)
-        return results
+        return evaluation.run_validation(self, loader)
+
+    def test(self, module: TrainModule, loader: Any) -> dict[str, float]:
+        """Runs `test_step` (without one: `validation_step`) over `loader`, after `fit` or without it.
+
+        Returns the metrics averaged over every sample of every process, as validation does,
+        named `test_*` (a scalar return is `test_loss`; `val_x` and `x` become `test_x`), and
+        records them in `trainer.state.metrics`. See `fittrain.evaluation`.
+
+        Example:
+            >>> trainer.test(module, test_loader)
+            {'test_loss': 0.13}
+        """
+        return evaluation.run_test(self, module, loader)
+
+    def predict(self, module: TrainModule, loader: Any) -> Any:
+        """Runs `predict_step` (by default `module(batch)`) over `loader`, after `fit` or without it.
+
+        Returns every sample's output once, in the loader's order, on the CPU of every process
+        (each holds the whole result): tensors, also inside dicts, tuples and lists, concatenated
+        along dim 0; lists of per-sample items joined into one list. See `fittrain.evaluation`.
+
+        Example:
+            >>> trainer.predict(module, DataLoader(inputs, batch_size=64))
+            tensor([[0.12], [0.57], ...])
+        """
+        return evaluation.run_predict(self, module, loader)
 
     def record(self, name: str, value: Any) -> None:
         """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
@@ -328,18 +336,16 @@ class Trainer:
     # ----------------------------------------------------------------- setup and resume
     def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: pathlib.Path | None) -> None:
         acc = self.accelerator
-        optimizer, scheduler, self._scheduler_per_epoch = split_optimizers(module)
+        optimizer, scheduler_config = parse_optimizers(module)
         self.model, self.optimizer = acc.prepare(module, optimizer)
         self.train_loader = acc.prepare_data_loader(train_loader)
         # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._run_step = make_step_runner(self.model, module)
-        self.scheduler = acc.prepare(scheduler) if scheduler is not None else None
-        if self.scheduler is not None:
-            self.scheduler.steps_per_call = 1  # the Trainer counts optimizer steps, not batches
-        else:
-            self.scheduler = _NoScheduler()
-        self.val_loader = self._prepare_eval(val_loader) if val_loader is not None else None
+        self.lr_schedule = make_schedule(scheduler_config, acc, val_loader is not None, self.val_every_n_epochs,
+                                         self.val_every_n_steps)
+        self.scheduler = self.lr_schedule.scheduler
+        self.val_loader = evaluation.prepare_loader(self, val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
         if resume is None:
@@ -355,14 +361,6 @@ class Trainer:
         # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
         acc.print(f"Resumed from {loaded}: epoch {self.state.epoch}, optimizer step {self.state.global_step}, "
                   f"{self.train_loader.position.batches_consumed} batches into the epoch.")
-
-    def _prepare_eval(self, loader: Any) -> Any:
-        # No padding for evaluation: every sample counts once, and ranks meet only at the end.
-        # Prepared once per loader, so repeated validate() calls don't pile up data positions.
-        cached = self._eval_loaders.get(id(loader))
-        if cached is None or cached.base_loader is not loader:
-            cached = self._eval_loaders[id(loader)] = self.accelerator.prepare_data_loader(loader, even_batches=False)
-        return cached
 
     def _resolve_resume(self) -> pathlib.Path | None:
         if self.resume_from is None:
@@ -394,10 +392,3 @@ class Trainer:
                              "Check the dataset's length and the loader's batch_size/drop_last.")
         if val_loader is not None and not module.has_validation_step():
             module.validation_step(None)  # raises the explanatory NotImplementedError
-
-
-class _NoScheduler:
-    """Stands in for a missing LR scheduler so the loop never branches on it."""
-
-    def step(self) -> None:
-        """Does nothing."""

@@ -208,34 +208,6 @@ def _restore_forward(module: nn.Module, original: Any) -> None:
         module.__dict__.pop("forward", None)
 
 
-_TOP_KEYS = ("optimizer", "lr_scheduler")
-_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "name")
-# Lightning's keys for schedulers driven by a metric, which the loop does not do yet.
-_METRIC_KEYS = ("monitor", "strict", "reduce_on_plateau")
-_FORMS = ("an optimizer, an (optimizer, scheduler) pair, or {'optimizer': optimizer, 'lr_scheduler': scheduler "
-          "or {'scheduler': scheduler, 'interval': 'step' or 'epoch'}}")
-
-
-def split_optimizers(module: "TrainModule") -> tuple[torch.optim.Optimizer, Any, bool]:
-    """Interprets and checks `configure_optimizers()`.
-
-    Returns:
-        (optimizer, scheduler or None, whether the scheduler steps per epoch instead of per step).
-
-    Raises:
-        TypeError, ValueError: naming what was returned, for anything but one optimizer over the
-            module's own parameters and at most one LR scheduler on that optimizer.
-    """
-    result = module.configure_optimizers()
-    optimizer, scheduler = _unpack(result)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"configure_optimizers must return {_FORMS}. Received: {describe(result)}.")
-    scheduler, per_epoch = _unpack_scheduler(scheduler)
-    _check_scheduler(scheduler, optimizer)
-    _check_owned(optimizer, module)
-    return optimizer, scheduler, per_epoch
-
-
 def describe(value: Any, depth: int = 0) -> str:
     """A one-line summary of a returned structure: short values as repr, objects by type name."""
     if isinstance(value, (tuple, list)) and depth < 2:
@@ -246,91 +218,6 @@ def describe(value: Any, depth: int = 0) -> str:
     if value is None or isinstance(value, (bool, int, float, str)):
         return short_repr(value, 40)
     return type(value).__name__
-
-
-def _one(value: Any) -> Any:
-    """Lightning's lists of one, as in `return [opt], [sched]`, stand for the item itself."""
-    if isinstance(value, (tuple, list)) and len(value) <= 1:
-        return value[0] if value else None
-    return value
-
-
-def _unpack(result: Any) -> tuple[Any, Any]:
-    if isinstance(result, dict):
-        _check_keys(result, _TOP_KEYS, "the dict configure_optimizers returned")
-        return result.get("optimizer"), result.get("lr_scheduler")
-    if not isinstance(result, (tuple, list)):
-        return result, None
-    items = [_one(item) for item in result]
-    nested = [x for item in items for x in (item if isinstance(item, (tuple, list)) else [item])]
-    nested = [x.get("optimizer") if isinstance(x, dict) else x for x in nested]  # Lightning's list of dicts
-    optimizers = {id(x) for x in nested if isinstance(x, torch.optim.Optimizer)}
-    if len(optimizers) > 1:
-        raise ValueError(
-            f"configure_optimizers returned {len(optimizers)} optimizers: {describe(result)}. The Trainer supports "
-            "one optimizer today. Use one optimizer with a parameter group per part, e.g. torch.optim.Adam(["
-            "{'params': self.a.parameters()}, {'params': self.b.parameters(), 'lr': 1e-4}]), or, for alternating "
-            "updates such as a GAN, write the loop by hand with fittrain.Accelerator, preparing both optimizers.")
-    if len(items) > 2:
-        raise TypeError(f"configure_optimizers must return {_FORMS}. Received {len(items)} items: {describe(result)}.")
-    return items[0], (items[1] if len(items) == 2 else None)
-
-
-def _check_keys(spec: dict, allowed: tuple[str, ...], where: str) -> None:
-    for key in spec:
-        if key in _METRIC_KEYS:
-            raise ValueError(
-                f"{key!r} in {where} is not supported yet: the Trainer steps the scheduler every step or epoch, "
-                f"never on a metric. Received: {key}={describe(spec[key])}. Remove it, and use a scheduler that "
-                "needs no metric (not ReduceLROnPlateau).")
-        if key not in allowed:
-            raise ValueError(f"Unknown key {describe(key)} in {where}. Allowed keys: {', '.join(allowed)}.")
-
-
-def _unpack_scheduler(spec: Any) -> tuple[Any, bool]:
-    """The scheduler and whether it steps per epoch, from a scheduler or Lightning's dict form."""
-    if not isinstance(spec, dict):
-        return spec, False
-    where = "the lr_scheduler dict configure_optimizers returned"
-    _check_keys(spec, _SCHEDULER_KEYS, where)
-    if "scheduler" not in spec:
-        raise ValueError(f"{where} has no 'scheduler' key. Received: {describe(spec)}. "
-                         "Return {'scheduler': scheduler, 'interval': 'step'}.")
-    interval, frequency = spec.get("interval", "step"), spec.get("frequency", 1)
-    if interval not in ("step", "epoch"):
-        raise ValueError(f"`interval` in {where} must be 'step' or 'epoch'. Received: interval={describe(interval)}.")
-    if frequency != 1 or isinstance(frequency, bool):
-        raise ValueError(f"`frequency` in {where} other than 1 is not supported yet. Received: frequency="
-                         f"{describe(frequency)}. Remove it; the scheduler then steps every {interval}.")
-    return spec["scheduler"], interval == "epoch"
-
-
-def _check_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    if scheduler is None:
-        return
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise ValueError("ReduceLROnPlateau returned by configure_optimizers is not supported yet: it needs a "
-                         "metric at each step, and the Trainer steps schedulers without one. Use a scheduler that "
-                         "needs no metric, such as CosineAnnealingLR or StepLR.")
-    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
-        raise TypeError(f"The scheduler returned by configure_optimizers must be an LR scheduler (a torch.optim."
-                        f"lr_scheduler.LRScheduler such as StepLR). Received: {describe(scheduler)}.")
-    if scheduler.optimizer is not optimizer:
-        raise ValueError(f"The scheduler returned by configure_optimizers ({type(scheduler).__name__}) was built on "
-                         "another optimizer than the one returned with it. Build it on that optimizer.")
-
-
-def _check_owned(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
-    """Refuses parameters that are not the module's: the Trainer would not move, wrap or save them."""
-    owned = {id(p) for p in module.parameters()}
-    foreign = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in owned]
-    if foreign:
-        shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ValueError(
-            f"configure_optimizers returned a {type(optimizer).__name__} over {len(foreign)} parameter(s) that are "
-            f"not parameters of {type(module).__name__} (shapes {shapes}). Training would not change the module, "
-            "and checkpoints would not hold them. Build the optimizer from self.parameters(), and make any other "
-            "trained tensor a submodule or nn.Parameter of the module.")
 
 
 class LazyMetrics(dict):
@@ -362,14 +249,18 @@ class ValidationAverager:
         self.sums[name] = self.sums.get(name, 0.0) + value * self._weight
         self.counts[name] = self.counts.get(name, 0.0) + self._weight
 
-    def add_output(self, output: Any, batch: Any) -> None:
-        """Adds what `validation_step` returned for `batch`: a scalar (val_loss) or a dict."""
+    def start_batch(self, batch: Any) -> None:
+        """Weights what the next step returns and logs by `batch`'s size; call it before the step,
+        so values the step records with `self.log` get its weight too."""
         self._weight = batch_size_of(batch) or 1
+
+    def add_output(self, output: Any, method: str = "validation_step") -> None:
+        """Adds what `method` (validation_step, test_step) returned for the batch: a scalar (val_loss) or a dict."""
         if output is None:
             return
         if not isinstance(output, dict):
             if not (isinstance(output, (int, float)) or _is_scalar(output)):
-                raise TypeError(f"validation_step must return a scalar or a dict of scalars. Received: "
+                raise TypeError(f"{method} must return a scalar or a dict of scalars. Received: "
                                 f"{type(output).__name__}{tuple(getattr(output, 'shape', ()))}.")
             output = {"val_loss": output}
         for name, value in output.items():

@@ -139,10 +139,17 @@ def test_two_optimizers_are_refused_not_taken_as_a_scheduler(tmp_path, form):
 
 @pytest.mark.parametrize("scheduler_dict, fragments", [
     ({"interval": "epcoh"}, ("`interval`", "interval='epcoh'", "'step' or 'epoch'")),
-    ({"intervall": "step"}, ("Unknown key 'intervall'", "Allowed keys: scheduler, interval, frequency, name")),
-    ({"monitor": "val_loss"}, ("'monitor'", "not supported yet", "monitor='val_loss'")),
-    ({"strict": True}, ("'strict'", "not supported yet")),
-    ({"frequency": 2}, ("`frequency`", "frequency=2", "not supported yet")),
+    ({"intervall": "step"}, ("Unknown key 'intervall'", "Allowed keys: scheduler, interval, frequency, monitor, "
+                                                        "strict, name, reduce_on_plateau")),
+    ({"monitor": "val_loss"}, ("'monitor'", "StepLR", "without a metric", "monitor='val_loss'", "Remove 'monitor'")),
+    ({"strict": "yes"}, ("`strict`", "strict='yes'", "True or False")),
+    ({"frequency": 0}, ("`frequency`", "frequency=0", "a positive integer")),
+    ({"frequency": 2.0}, ("`frequency`", "frequency=2.0", "a positive integer")),
+    ({"frequency": True}, ("`frequency`", "frequency=True", "a positive integer")),
+    ({"name": 3}, ("`name`", "name=3", "a str or None")),
+    ({"reduce_on_plateau": "no"}, ("`reduce_on_plateau`", "reduce_on_plateau='no'", "True or False")),
+    ({"reduce_on_plateau": True}, ("StepLR", "steps on a metric", "no 'monitor'", "'monitor': 'val_loss'")),
+    ({"opt_idx": 0}, ("Unknown key 'opt_idx'", "Allowed keys")),
 ])
 def test_bad_lr_scheduler_dicts(tmp_path, scheduler_dict, fragments):
     def configure(m: Net) -> dict:
@@ -157,19 +164,46 @@ def test_bad_top_level_keys_and_a_missing_scheduler(tmp_path):
         opt = _sgd(m)
         return {"optimizer": opt, "lr_schedular": _step_lr(opt)}
 
-    fit_untouched(tmp_path, Net(misspelt), ValueError, "Unknown key 'lr_schedular'", "optimizer, lr_scheduler")
+    fit_untouched(tmp_path, Net(misspelt), ValueError, "Unknown key 'lr_schedular'", "optimizer, lr_scheduler, monitor")
     monitored = Net(lambda m: {"optimizer": _sgd(m), "monitor": "val_loss"})
-    fit_untouched(tmp_path, monitored, ValueError, "'monitor'", "not supported yet")
+    fit_untouched(tmp_path, monitored, ValueError, "'monitor'", "no scheduler to drive", "monitor='val_loss'",
+                  "ReduceLROnPlateau(optimizer)")
     no_scheduler = Net(lambda m: {"optimizer": _sgd(m), "lr_scheduler": {"interval": "epoch"}})
     fit_untouched(tmp_path, no_scheduler, ValueError, "no 'scheduler' key", "{'interval': 'epoch'}")
 
 
-def test_reduce_lr_on_plateau_is_not_supported_yet(tmp_path):
-    def plateau(m: Net) -> tuple:
-        opt = _sgd(m)
-        return opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+def _plateau(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.ReduceLROnPlateau:
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
 
-    fit_untouched(tmp_path, Net(plateau), ValueError, "ReduceLROnPlateau", "not supported yet", "metric")
+
+@pytest.mark.parametrize("form", ["pair", "dict", "scheduler dict"])
+def test_reduce_lr_on_plateau_needs_a_monitor(tmp_path, form):
+    def plateau(m: Net) -> Any:
+        opt = _sgd(m)
+        return {"pair": (opt, _plateau(opt)), "dict": {"optimizer": opt, "lr_scheduler": _plateau(opt)},
+                "scheduler dict": {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt)}}}[form]
+
+    fit_untouched(tmp_path, Net(plateau), ValueError, "ReduceLROnPlateau", "steps on a metric", "no 'monitor'",
+                  "'monitor': 'val_loss'")
+
+
+def test_reduce_lr_on_plateau_cannot_be_told_it_takes_no_metric(tmp_path):
+    def plateau(m: Net) -> dict:
+        opt = _sgd(m)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt), "reduce_on_plateau": False,
+                                                   "monitor": "val_loss"}}
+
+    fit_untouched(tmp_path, Net(plateau), ValueError, "ReduceLROnPlateau", "reduce_on_plateau=False",
+                  "Remove 'reduce_on_plateau'")
+
+
+@pytest.mark.parametrize("monitor", ["", 3])
+def test_a_monitor_must_be_a_metric_name(tmp_path, monitor):
+    def plateau(m: Net) -> dict:
+        opt = _sgd(m)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt), "monitor": monitor}}
+
+    fit_untouched(tmp_path, Net(plateau), ValueError, "`monitor`", f"monitor={monitor!r}", "a metric name")
 
 
 def test_a_bad_configure_optimizers_return_is_summarised_in_one_line(tmp_path):
