@@ -225,8 +225,8 @@ def as_test_metrics(metrics: dict[str, float]) -> dict[str, float]:
         new = as_test_name(name)
         if new in renamed:
             raise ValueError(
-                f"Trainer.test() would record both metrics {origin[new]!r} and {name!r} as {new!r} (a scalar "
-                "return is 'val_loss'; 'val_x' and 'x' both become 'test_x'). Give them distinct names in "
+                f"Trainer.test() would record both metrics {origin[new]!r} and {name!r} as {new!r} ('val_x' and "
+                "'x' both become 'test_x', and a scalar return becomes 'test_loss'). Give them distinct names in "
                 "test_step or validation_step and in self.log.")
         renamed[new], origin[new] = value, name
     return renamed

@@ -100,7 +100,8 @@ class TrainModule(nn.Module):
         trainer = self.__dict__.get("_trainer")
         if trainer is None:
             raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
-                               "from training_step or validation_step during Trainer.fit().")
+                               "from training_step, validation_step or test_step while the Trainer runs the module (fit, validate, "
+                               "test or predict).")
         trainer.record(name, value)
 
     def has_validation_step(self) -> bool:

@@ -147,7 +147,8 @@ def _scheduler_config(spec: Any, top_monitor: Any) -> SchedulerConfig | None:
         spec = {"scheduler": spec}
     _check_keys(spec, _SCHEDULER_KEYS, _WHERE)
     if "scheduler" not in spec:
-        raise ValueError(f"{_WHERE} has no 'scheduler' key. Received: {describe(spec)}. "
+        raise ValueError("The lr_scheduler dict configure_optimizers returned has no 'scheduler' key. "
+                         f"Received: {describe(spec)}. "
                          "Return {'scheduler': scheduler, 'interval': 'step'}.")
     scheduler = spec["scheduler"]
     by_metric = spec.get("reduce_on_plateau", isinstance(scheduler, _Plateau))
