@@ -1,7 +1,8 @@
 """The seed tutorial's loop: a hand-written PyTorch loop on fittrain's Accelerator.
 
 Run it with `python examples/custom_loop.py`, or on two processes with
-`fittrain launch --num_processes 2 examples/custom_loop.py`.
+`fittrain launch --num_processes 2 examples/custom_loop.py`. It saves the weights to
+outputs/custom_loop (outputs/custom_loop_smoke with `--smoke`, tiny sizes).
 """
 
 import argparse
@@ -29,6 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.epochs, args.samples = 1, 64
+    output_dir = "outputs/custom_loop_smoke" if args.smoke else "outputs/custom_loop"  # never mix the two
 
     torch.manual_seed(0)
     accelerator = Accelerator(gradient_accumulation_steps=2)
@@ -57,8 +59,8 @@ def main() -> None:
         mean = accelerator.reduce(total / len(training_dataloader), reduction="mean")
         accelerator.print(f"epoch {epoch:2d}  loss {mean.item():.4f}")
     accelerator.wait_for_everyone()
-    accelerator.save_model(model, "outputs/custom_loop")
-    accelerator.print("weights saved to outputs/custom_loop/model.safetensors")
+    accelerator.save_model(model, output_dir)
+    accelerator.print(f"weights saved to {output_dir}/model.safetensors")
     accelerator.end_training()
 
 

@@ -11,7 +11,7 @@ torchrun's environment (RANK, WORLD_SIZE, ...), wraps the model in DDP (or FSDP2
 every process its own shard of each epoch. Validation metrics are averaged over all samples of
 all processes, so every process sees the same `val_loss` and stops at the same epoch.
 
-Tiny sizes:  python examples/distributed.py --smoke
+Tiny sizes:  python examples/distributed.py --smoke   (saves to outputs/distributed_smoke)
 """
 
 import argparse
@@ -78,11 +78,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--strategy", default="auto", choices=["auto", "ddp", "fsdp"])
-    parser.add_argument("--project-dir", default="outputs/distributed")
+    parser.add_argument("--project-dir", default=None,
+                        help="default: outputs/distributed, and outputs/distributed_smoke with --smoke")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
     if args.smoke:
         args.epochs, args.samples = 1, 128
+    if args.project_dir is None:  # a smoke run never mixes with, or resumes from, a full run's checkpoints
+        args.project_dir = "outputs/distributed_smoke" if args.smoke else "outputs/distributed"
 
     # The same seed on every process: the model starts identical everywhere (DDP also broadcasts
     # rank 0's weights), and every process draws the same shuffle, of which it takes its share.

@@ -2,6 +2,7 @@
 
 Run it:                 python examples/quickstart.py
 Resume the newest save: python examples/quickstart.py --resume latest
+Tiny sizes:             python examples/quickstart.py --smoke   (saves to outputs/quickstart_smoke)
 
 The data is generated (two interleaving half circles with noise), so nothing is downloaded.
 """
@@ -67,12 +68,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Train a two-moons classifier with fittrain.")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000)
-    parser.add_argument("--project-dir", default="outputs/quickstart")
+    parser.add_argument("--project-dir", default=None,
+                        help="default: outputs/quickstart, and outputs/quickstart_smoke with --smoke")
     parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
     if args.smoke:
         args.epochs, args.samples = 1, 64
+    if args.project_dir is None:  # a smoke run never mixes with, or resumes from, a full run's checkpoints
+        args.project_dir = "outputs/quickstart_smoke" if args.smoke else "outputs/quickstart"
 
     torch.manual_seed(0)
     train = DataLoader(two_moons(args.samples, seed=1), batch_size=32, shuffle=True)
@@ -93,7 +97,10 @@ def main() -> None:
     trainer.fit(MoonClassifier(), train, val)
     if trainer.accelerator.is_main_process:
         print(f"checkpoints: {args.project_dir}/checkpoints   TensorBoard logs: {args.project_dir}/logs")
-        print(f"resume with: python examples/quickstart.py --resume latest --epochs {args.epochs + 2}")
+        again = f"--resume latest --epochs {args.epochs + 2}"
+        if args.smoke:  # --smoke would set the sizes again: name the smoke run's folder and sizes instead
+            again += f" --samples {args.samples} --project-dir {args.project_dir}"
+        print(f"resume with: python examples/quickstart.py {again}")
 
 
 if __name__ == "__main__":

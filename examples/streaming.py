@@ -25,7 +25,7 @@ On the CPU with deterministic ops, run 3 ends with weights bitwise equal to run 
 Each start deletes the checkpoints that the script's previous start left in outputs/streaming/.
 
 Run it:      python examples/streaming.py
-Tiny sizes:  python examples/streaming.py --smoke
+Tiny sizes:  python examples/streaming.py --smoke   (in outputs/streaming_smoke/ instead)
 Two workers: python examples/streaming.py --num-workers 2
 """
 
@@ -45,6 +45,7 @@ from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, GradClip
 
 OUTPUT_DIR = pathlib.Path("outputs/streaming")
+SMOKE_OUTPUT_DIR = pathlib.Path("outputs/streaming_smoke")  # a smoke run never deletes a full run's files
 
 
 def zen_lines() -> list[str]:
@@ -167,9 +168,9 @@ def run(project_dir: pathlib.Path, data: dict, args: argparse.Namespace, seed: i
 
 
 def prepare_data(args: argparse.Namespace) -> dict:
-    """Writes the training and validation texts under OUTPUT_DIR; returns their paths and the vocabulary."""
-    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
-    train, val = OUTPUT_DIR / "train.txt", OUTPUT_DIR / "val.txt"
+    """Writes the training and validation texts under args.output_dir; returns their paths and the vocabulary."""
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    train, val = args.output_dir / "train.txt", args.output_dir / "val.txt"
     lines = write_corpus(train, args.copies, seed=0)
     write_corpus(val, 1, seed=1)
     text = train.read_text(encoding="utf-8")
@@ -194,6 +195,7 @@ def parse_args() -> argparse.Namespace:
     if args.smoke:  # about 27 batches per pass: the runs cross an epoch boundary
         args.copies, args.context, args.hidden, args.batch_size = 1, 8, 32, 32
         args.max_steps, args.val_every, args.save_every, args.stop_after = 36, 12, 10, 25
+    args.output_dir = SMOKE_OUTPUT_DIR if args.smoke else OUTPUT_DIR
     if not 0 < args.stop_after < args.max_steps:
         parser.error(f"--stop-after must be between 0 and --max-steps ({args.max_steps}). "
                      f"Received: --stop-after {args.stop_after}.")
@@ -204,7 +206,7 @@ def main() -> None:
     args = parse_args()
     torch.use_deterministic_algorithms(True)
     data = prepare_data(args)
-    reference_dir, job_dir = OUTPUT_DIR / "reference", OUTPUT_DIR / "job"
+    reference_dir, job_dir = args.output_dir / "reference", args.output_dir / "job"
     for folder in (reference_dir, job_dir):
         shutil.rmtree(folder, ignore_errors=True)  # this script's own runs from an earlier start
 

@@ -15,4 +15,18 @@ __all__ = [
     "Accelerator", "Callback", "CheckpointError", "DistributedType", "Event", "ProjectConfiguration",
     "TrainModule", "TrainState", "Trainer",
 ]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> str:
+    """`fittrain.__version__`: the installed package's version (setup.cfg's), looked up when first read.
+
+    Looked up lazily so that `import fittrain` does not pay for a scan of the installed packages.
+    """
+    if name != "__version__":
+        raise AttributeError(f"module 'fittrain' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fittrain")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "0+unknown"

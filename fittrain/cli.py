@@ -36,6 +36,7 @@ _MAIN_EXAMPLES = """\
 examples:
   fittrain launch --num_processes 2 train.py     run train.py on two processes
   fittrain env                                   print versions and devices for a bug report
+  fittrain --version                             print fittrain's and torch's versions
 """
 
 #: Environment variables worth showing in a bug report when they are set.
@@ -89,11 +90,22 @@ def _add_env_parser(subparsers: argparse._SubParsersAction) -> None:
     env.set_defaults(handler=_run_env, parser=env)
 
 
+def version_line() -> str:
+    """What `fittrain --version` prints: fittrain's version (its package metadata's) and torch's."""
+    import torch
+
+    from . import __version__
+
+    return f"fittrain {__version__} (torch {torch.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `fittrain` argument parser, with the `launch` and `env` subcommands."""
+    """The `fittrain` argument parser, with `--version` and the `launch` and `env` subcommands."""
     parser = argparse.ArgumentParser(
         prog="fittrain", description="fittrain: train PyTorch models on one or many processes.",
         epilog=_MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print fittrain's and torch's versions and exit")
     subparsers = parser.add_subparsers(title="commands", metavar="{launch,env}")
     _add_launch_parser(subparsers)
     _add_env_parser(subparsers)

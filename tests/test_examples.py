@@ -47,9 +47,10 @@ CASES = {
              (r"epoch 0: val_loss \d", r"epoch 1: val_loss \d", r"checkpoints: outputs/quickstart/checkpoints"),
              0),
         Case("custom_loop.py", (("--smoke",),),
-             (r"epoch  0  loss \d", r"weights saved to outputs/custom_loop/model\.safetensors"), 0),
+             (r"epoch  0  loss \d", r"weights saved to outputs/custom_loop_smoke/model\.safetensors"), 0),
         Case("distributed.py", (("--smoke",),),
-             (r"\[rank 0/1\] NO: \d+ batches", r"done: \d+ optimizer steps on 1 process"), 0),
+             (r"\[rank 0/1\] NO: \d+ batches", r"done: \d+ optimizer steps on 1 process",
+              r"checkpoints in outputs/distributed_smoke/checkpoints"), 0),
         Case("resume.py", (("--smoke",),),
              (r"simulated crash after step", r"final weights equal to the uninterrupted run's \(torch\.equal\): True"),
              1),
@@ -59,7 +60,8 @@ CASES = {
              (r"text: the Zen of Python, \d+ characters", r"sample:\nBeautiful is "), 1),
         Case("streaming.py", (("--smoke", "--num-workers", "2"),),
              (r"simulated kill after step \d+", r"step +\d+ +epoch 1 +train_loss \d.* val_loss \d",
-              r"final weights equal to the uninterrupted run's \(torch\.equal\): True"), 0),
+              r"final weights equal to the uninterrupted run's \(torch\.equal\): True",
+              r"checkpoints: outputs/streaming_smoke/job/checkpoints"), 0),
     )
 }
 
