@@ -3,12 +3,13 @@
 `Accelerator.prepare` turns what the user passes into one `PositionedSource`:
 
     DataLoader over a map-style dataset  -> map_style.DataLoaderShard   (index batches dealt to ranks)
-    DataLoader over an IterableDataset   -> streams.StreamShard         (each rank keeps its share of each round)
+    DataLoader over an IterableDataset   -> streams.StreamShard         (a share of every round per rank)
     list of ready batches                -> batches.BatchesShard        (batches dealt to ranks)
 
-Every source keeps a `DataPosition` (epoch, batches consumed, shuffle seed) that checkpoints save,
-and yields one epoch per pass; `iterate(skip=n)` continues an epoch after n batches without
-loading them (`skipping.SkippedDataLoader` is Accelerate's `skip_first_batches`).
+Every source keeps a `DataPosition` (epoch, batches consumed) and a `state_dict()` with what its
+pass needs to continue (the RNG state its order was drawn from, a stream's per-worker progress),
+which checkpoints save per rank. One pass is one epoch; `iterate(skip=n)` continues an epoch
+after n batches without loading them (`skipping.SkippedDataLoader`: `skip_first_batches`).
 
 Modules: position (DataPosition, PositionedSource: the per-batch bookkeeping); map_style
 (DataLoaderShard); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks,

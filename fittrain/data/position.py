@@ -14,11 +14,13 @@ from .devices import send_to_device
 
 @dataclasses.dataclass
 class DataPosition:
-    """Where a prepared loader stands: enough to rebuild an epoch's order and continue it.
+    """Where a prepared loader stands in its passes (each source adds what it needs to rebuild a
+    pass's order: see its `state_dict`).
 
     Attributes:
-        seed: Seed of the shuffle permutation (the same on every rank).
-        epoch: Completed passes; the next pass uses permutation (seed, epoch).
+        seed: Kept for the checkpoint format (accelerator_state.json lists it); 0. Orders are drawn
+            from the user's sampler and RNG now (`order`), not from a seed of ours.
+        epoch: Completed passes.
         batches_consumed: Batches of the current epoch already handed out on this rank.
     """
 
@@ -62,7 +64,7 @@ class PositionedSource:
             self.position.epoch, self.position.batches_consumed = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
-        """The data position: shuffle seed, epoch and batches consumed (JSON-safe)."""
+        """The data position: seed (0), epoch and batches consumed (JSON-safe)."""
         return dataclasses.asdict(self.position)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
