@@ -170,8 +170,9 @@ def run_test(trainer: "Trainer", module: Any, loader: Any) -> dict[str, float]:
     return results
 
 
-def run_predict(trainer: "Trainer", module: Any, loader: Any) -> Any:
-    """`Trainer.predict`: every sample's output once, in the loader's order, on every process.
+def run_predict(trainer: "Trainer", module: Any, loader: Any, all_processes: bool = False) -> Any:
+    """`Trainer.predict`: every sample's output once, in the loader's order, on the main process
+    (and on every process with `all_processes`; the others get None).
 
     Raises:
         TypeError: for a module with neither predict_step nor forward, a bad loader, or an
@@ -187,7 +188,8 @@ def run_predict(trainer: "Trainer", module: Any, loader: Any) -> Any:
     trainer.events.fire("on_predict_start", trainer)
     outputs = predict_outputs(trainer, loader)
     trainer.events.fire("on_predict_end", trainer)
-    return outputs
+    # Every process gathered the whole result (all_gather); only the main one keeps it by default.
+    return outputs if (all_processes or trainer.accelerator.is_main_process) else None
 
 
 def pick_test_method(module: TrainModule) -> str:

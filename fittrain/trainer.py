@@ -313,18 +313,19 @@ class Trainer:
         """
         return evaluation.run_test(self, module, loader)
 
-    def predict(self, module: TrainModule, loader: Any) -> Any:
+    def predict(self, module: TrainModule, loader: Any, all_processes: bool = False) -> Any:
         """Runs `predict_step` (by default `module(batch)`) over `loader`, after `fit` or without it.
 
-        Returns every sample's output once, in the loader's order, on the CPU of every process
-        (each holds the whole result): tensors, also inside dicts, tuples and lists, concatenated
-        along dim 0; lists of per-sample items joined into one list. See `fittrain.evaluation`.
+        Returns every sample's output once, in the loader's order, on the CPU of the main process:
+        tensors, also inside dicts, tuples and lists, concatenated along dim 0; lists of per-sample
+        items joined into one list. The other processes get None, or the same whole result with
+        `all_processes=True`. Every process must call it. See `fittrain.evaluation`.
 
         Example:
             >>> trainer.predict(module, DataLoader(inputs, batch_size=64))
             tensor([[0.12], [0.57], ...])
         """
-        return evaluation.run_predict(self, module, loader)
+        return evaluation.run_predict(self, module, loader, all_processes)
 
     def record(self, name: str, value: Any) -> None:
         """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""

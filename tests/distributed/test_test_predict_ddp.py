@@ -81,6 +81,8 @@ def test_predict_returns_every_sample_once_in_dataset_order_on_both_ranks(
     _, x, _ = worker.dataset().tensors
     with torch.no_grad():
         expected = module(x)
+    # By default only the main process keeps the result; all_processes=True gives it to every one.
+    assert [rank[stage][f"predict_{loader}_main_only"] for rank in eval_job] == [True, False]
     for rank in eval_job:
         predicted = rank[stage][f"predict_{loader}"]
         assert predicted["index"].tolist() == list(range(worker.N))

@@ -92,12 +92,13 @@ def evaluate(trainer: Trainer, module: Net) -> dict[str, Any]:
     results: dict[str, Any] = {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()}}
     for name, loader in loaders().items():
         results[f"test_{name}"] = trainer.test(module, loader)
-        predicted = trainer.predict(module, loader)
+        predicted = trainer.predict(module, loader, all_processes=True)
         results[f"predict_{name}"] = {key: value.clone() for key, value in predicted.items()}
+        results[f"predict_{name}_main_only"] = trainer.predict(module, loader) is not None
     fresh = Trainer(project_dir=trainer.project_dir)
     results["fallback"] = fresh.test(fallback, loaders()["batch_size"])
     bf16 = Trainer(accelerator=Accelerator(mixed_precision="bf16", cpu=True), project_dir=trainer.project_dir)
-    results["predict_bf16"] = bf16.predict(module, loaders()["batch_size"])
+    results["predict_bf16"] = bf16.predict(module, loaders()["batch_size"], all_processes=True)
     return results
 
 
