@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..sync import GradientState
 from .dealing import BatchDealer, SampleDealer
-from .order import EpochOrder, draws_randomly
+from .order import EpochOrder, draws_randomly, short_text
 from .position import DataPosition, PositionedSource
 from .workers import SeededBatch, SeededKey, WorkerSeededDataset, init_worker, mix_seed
 
@@ -51,11 +51,6 @@ class _PassBatches:
 
     def __len__(self) -> int:
         return len(self.items)
-
-
-def _short(value: Any) -> str:
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _epoch_length(loader: DataLoader, name: str) -> int:
@@ -103,7 +98,7 @@ def _index_lists(batches: list[Any]) -> list[Any]:
             batches[k] = list(batch) if isinstance(batch, tuple) else batch.tolist()
             continue
         raise TypeError(
-            f"`batch_sampler` must yield lists of dataset indices, one list per batch. Received {_short(batch)} "
+            f"`batch_sampler` must yield lists of dataset indices, one list per batch. Received {short_text(batch)} "
             f"({type(batch).__name__}) as batch {k} of the epoch. Make its __iter__ yield lists such as [3, 1, 4]; "
             "for a dataset whose items are whole batches, use batch_size=None with a sampler of keys instead.")
     return batches

@@ -164,11 +164,11 @@ def _parts_problem(state: dict[str, Any], generators: int, samplers: list[str]) 
     found = state.get("generators")
     if not (isinstance(found, list) and len(found) == generators and all(_is_rng_state(g) for g in found)):
         return (f"it must hold {generators} generator state(s) (the loader's and samplers'). "
-                f"Received: {len(found) if isinstance(found, list) else _short(found)}")
+                f"Received: {len(found) if isinstance(found, list) else short_text(found)}")
     names = state.get("samplers")
     if not (isinstance(names, dict) and sorted(names) == samplers):
         return (f"it must hold the states of samplers {samplers} (those with state_dict). "
-                f"Received: {sorted(names) if isinstance(names, dict) else _short(names)}")
+                f"Received: {sorted(names) if isinstance(names, dict) else short_text(names)}")
     return None
 
 
@@ -177,13 +177,14 @@ def _pass_problem(capture: Any, generators: int, samplers: list[str]) -> str | N
         return f"its 'pass' must be a dict or None. Received: {type(capture).__name__}"
     ints = [capture.get(k) for k in _FIELDS[:2]]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-        return f"its pass {list(_FIELDS[:2])} must be ints. Received: {_short(ints)}"
+        return f"its pass {list(_FIELDS[:2])} must be ints. Received: {short_text(ints)}"
     if not isinstance(capture.get("drew_base_seed"), bool) or not _is_rng_state(capture.get("rng")):
         return "its pass 'drew_base_seed' must be a bool and its 'rng' a torch RNG state (uint8 tensor)"
     return _parts_problem(capture, generators, samplers)
 
 
-def _short(value: Any) -> str:
+def short_text(value: Any) -> str:
+    """`repr(value)` on one line, cut to 60 characters, for error messages."""
     text = repr(value).replace("\n", " ")
     return text if len(text) <= 60 else text[:57] + "..."
 
