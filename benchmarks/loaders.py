@@ -101,7 +101,7 @@ def stream_loader(dataset: TensorDataset, batch_size: int, collate_fn: Callable[
 
 # --------------------------------------------------------------------------- the workers row
 class Work(Protocol):
-    """What the workers row needs of `benchmarks.overhead.Workload`."""
+    """What the workers row needs of `benchmarks.workload.Workload`."""
 
     dataset: TensorDataset
     steps: int

@@ -28,6 +28,9 @@ averages those: interference goes, the work a step really does stays. The ratio 
 the same statistic of the hand runs taken just before each run. The plain median ratio to the
 hand runs around each run is shown beside it; on an idle machine the two agree.
 
+The workload (model, data, clock) is in `benchmarks/workload.py`, the timed loops in
+`benchmarks/overhead_loops.py`; this module alternates them and writes the table.
+
 Usage:
     python -m benchmarks.overhead                  # defaults: about three minutes on a slow 2-core VM
     python -m benchmarks.overhead --quick          # a smoke run
@@ -45,17 +48,14 @@ import cProfile
 import dataclasses
 import gc
 import io
-import logging
 import os
 import platform
 import pstats
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Sequence
 
 if not __package__:  # run as a script: make the checkout importable even when it is not installed
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,333 +65,12 @@ if not __package__:  # run as a script: make the checkout importable even when i
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import torch
-from torch import nn
-from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from benchmarks import loaders
-from fittrain import Accelerator, TrainModule, Trainer
-
-IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 64, 1
-BATCH_SIZE = 32
-NUM_BATCHES = 128  # per epoch: a default run crosses epoch boundaries, as real runs do
-LR, MOMENTUM = 0.01, 0.9
-LOGGER_EVERY, CHECKPOINT_EVERY = 50, 500
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-# --------------------------------------------------------------------------- the clock
-class StepClock:
-    """Timestamps batch hand-outs: the intervals between them are whole steps."""
-
-    __slots__ = ("now", "times")
-
-    def __init__(self, now: Callable[[], float]) -> None:
-        self.now = now
-        self.times: list[float] = []
-
-    def tick(self) -> None:
-        """Records one batch hand-out (well under a microsecond, the same in every loop)."""
-        self.times.append(self.now())
-
-    def intervals(self) -> tuple[float, ...]:
-        """Seconds of each step between the first and the last tick."""
-        if len(self.times) < 2:
-            raise RuntimeError(f"Too few steps to time: {len(self.times)} batch(es). Use --steps 2 or more.")
-        return tuple(b - a for a, b in zip(self.times, self.times[1:]))
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """One timed run: the duration of each step, the whole call's seconds, and its steps."""
-
-    intervals: tuple[float, ...]
-    total: float
-    steps: int
-
-    @property
-    def per_step(self) -> float:
-        """Mean seconds per step over this run's steady state."""
-        return sum(self.intervals) / len(self.intervals)
-
-    @property
-    def fixed(self) -> float:
-        """Seconds outside the steady state: setup and teardown (about 0 for the hand loop)."""
-        return max(self.total - self.per_step * self.steps, 0.0)
-
-
-def quiet_per_step(runs: Sequence[RunResult]) -> float:
-    """Mean step time with interference removed: for each step position, the fastest run's time.
-
-    Every run of a loop does the same steps in the same order, so deterministic work (an epoch
-    boundary, a Logger write at step 50, a checkpoint at step 500) sits at the same position in
-    each run and survives the minimum, while a preemption by another process hits a random step
-    of one run and does not. On an idle machine it comes close to the plain mean.
-    """
-    columns = zip(*(run.intervals for run in runs))
-    fastest = [min(column) for column in columns]
-    return sum(fastest) / len(fastest)
-
-
-# --------------------------------------------------------------------------- the workload
-class TinyMLP(TrainModule):
-    """32→64→64→1, small enough that per-step Python overhead is a visible share of a step.
-
-    The hand loop uses this very class, so every loop runs the same forward and loss; the only
-    difference is who calls them.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                                 nn.Linear(HIDDEN, OUT_FEATURES))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Batch) -> torch.Tensor:
-        x, y = batch
-        return F.mse_loss(self(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
-
-
-class TimedCollate:
-    """`default_collate` that ticks the clock: the same per-batch cost in every loop."""
-
-    def __init__(self, clock: StepClock) -> None:
-        self.clock = clock
-
-    def __call__(self, samples: list[Any]) -> Any:
-        self.clock.tick()
-        return default_collate(samples)
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """Everything a run needs, built once so every run starts from identical weights and data."""
-
-    dataset: TensorDataset
-    batches: list[Batch]
-    init_state: dict[str, torch.Tensor]
-    steps: int
-    now: Callable[[], float] = time.perf_counter  # or time.process_time: see --clock
-
-    def clock(self) -> StepClock:
-        """A fresh clock for one run."""
-        return StepClock(self.now)
-
-    def model(self) -> TinyMLP:
-        """A fresh model with the shared initial weights."""
-        model = TinyMLP()
-        model.load_state_dict(self.init_state)
-        return model
-
-    def loader(self, clock: StepClock) -> DataLoader:
-        """A real DataLoader that indexes and collates every batch (shuffled, as in training)."""
-        torch.manual_seed(0)  # the same shuffle for every run
-        return DataLoader(self.dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True,
-                          collate_fn=TimedCollate(clock))
-
-    def source(self, mode: str, clock: StepClock) -> Iterable[Batch]:
-        """What every loop iterates: a real loader, or the list of pre-built batches itself."""
-        if mode == "batched":
-            return loaders.batched_loader(self.batches, clock)
-        if mode == "stream":
-            return loaders.stream_loader(self.dataset, BATCH_SIZE, TimedCollate(clock))
-        return self.loader(clock) if mode == "loader" else TimedList(self.batches, clock)
-
-
-class TimedList:
-    """The pre-built batches as a plain iterable; ticks the clock per batch like the loaders do."""
-
-    def __init__(self, batches: list[Batch], clock: StepClock) -> None:
-        self.batches = batches
-        self.clock = clock
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[Batch]:
-        tick = self.clock.tick
-        for batch in self.batches:
-            tick()
-            yield batch
-
-
-def make_workload(steps: int, now: Callable[[], float] = time.perf_counter) -> Workload:
-    """Random regression data and one initial set of weights, from fixed seeds."""
-    generator = torch.Generator().manual_seed(0)
-    n = NUM_BATCHES * BATCH_SIZE
-    x = torch.randn(n, IN_FEATURES, generator=generator)
-    y = x[:, :1] * 0.5 + 0.1 * torch.randn(n, 1, generator=generator)
-    batches = [(x[i:i + BATCH_SIZE].clone(), y[i:i + BATCH_SIZE].clone()) for i in range(0, n, BATCH_SIZE)]
-    torch.manual_seed(0)
-    init_state = {k: v.clone() for k, v in TinyMLP().state_dict().items()}
-    return Workload(TensorDataset(x, y), batches, init_state, steps, now)
-
-
-def _cycle(source: Iterable[Batch], steps: int) -> Iterator[Batch]:
-    """Epochs of `source` until `steps` batches were yielded (a new iterator per epoch)."""
-    done = 0
-    while done < steps:
-        for batch in source:
-            yield batch
-            done += 1
-            if done == steps:
-                return
-
-
-# --------------------------------------------------------------------------- the loops
-# Each returns a RunResult. What a user builds once (model, optimizer, Accelerator, prepare()) is
-# built before the call is timed; Trainer.fit is timed whole, since that is the call users make.
-
-def _result(clock: StepClock, start: float, work: Workload) -> RunResult:
-    return RunResult(clock.intervals(), work.now() - start, work.steps)
-
-
-def run_hand(work: Workload, mode: str) -> RunResult:
-    """The baseline: zero_grad, forward, loss, backward, step."""
-    clock = work.clock()
-    model = work.model()
-    optimizer = model.configure_optimizers()
-    source = work.source(mode, clock)
-    start = work.now()
-    for x, y in _cycle(source, work.steps):
-        optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-    return _result(clock, start, work)
-
-
-def run_accelerator(work: Workload, mode: str) -> RunResult:
-    """fittrain's Accelerator loop, as an Accelerate user writes it (no accumulate())."""
-    clock = work.clock()
-    accelerator = Accelerator(cpu=True)
-    model = work.model()
-    optimizer = model.configure_optimizers()
-    if mode != "prebuilt":
-        model, optimizer, source = accelerator.prepare(model, optimizer, work.source(mode, clock))
-    else:  # pre-built batches are already where they belong: nothing to prepare
-        model, optimizer = accelerator.prepare(model, optimizer)
-        source = TimedList(work.batches, clock)
-    start = work.now()
-    for x, y in _cycle(source, work.steps):
-        loss = F.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    return _result(clock, start, work)
-
-
-def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> RunResult:
-    """Times one `Trainer.fit` in a throwaway project folder (logs and checkpoints go there)."""
-    clock = work.clock()
-    project = tempfile.mkdtemp(prefix="fittrain-bench-")
-    try:
-        trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project)
-        module = work.model()
-        loader = work.source(mode, clock)
-        # The progress bar would flood the table; a real terminal costs more, not less.
-        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
-            start = work.now()
-            trainer.fit(module, loader)
-            return _result(clock, start, work)
-    finally:
-        shutil.rmtree(project, ignore_errors=True)
-
-
-def run_trainer(work: Workload, mode: str) -> RunResult:
-    """`Trainer.fit` with no callbacks."""
-    return _fit(work, mode, list)
-
-
-def run_trainer_logger(work: Workload, mode: str) -> RunResult:
-    """`Trainer.fit` with `Logger(every_n_steps=50)` (TensorBoard and progress bar on)."""
-    from fittrain.callbacks import Logger
-
-    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY)])
-
-
-def run_trainer_logger_ckpt(work: Workload, mode: str) -> RunResult:
-    """`Trainer.fit` with Logger(every_n_steps=50) and Checkpointer(every_n_steps=500)."""
-    from fittrain.callbacks import Checkpointer, Logger
-
-    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY),
-                                     Checkpointer(every_n_steps=CHECKPOINT_EVERY)])
-
-
-def run_hf_accelerate(work: Workload, mode: str) -> RunResult:
-    """Hugging Face Accelerate's loop: the same code with `from accelerate import Accelerator`."""
-    from accelerate import Accelerator as HFAccelerator
-
-    clock = work.clock()
-    accelerator = HFAccelerator(cpu=True)
-    model = work.model()
-    optimizer = model.configure_optimizers()
-    if mode == "loader":
-        model, optimizer, source = accelerator.prepare(model, optimizer, work.loader(clock))
-    else:
-        model, optimizer = accelerator.prepare(model, optimizer)
-        source = TimedList(work.batches, clock)
-    start = work.now()
-    for x, y in _cycle(source, work.steps):
-        loss = F.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    return _result(clock, start, work)
-
-
-def run_lightning(work: Workload, mode: str) -> RunResult:
-    """Lightning's Trainer with logger, checkpointing, progress bar and summary off."""
-    try:
-        import lightning as L
-    except ImportError:
-        import pytorch_lightning as L  # type: ignore[no-redef]
-
-    class LitMLP(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = work.model()
-
-        def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-            return self.inner.training_step(batch)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return self.inner.configure_optimizers()
-
-    for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)  # its banners would interleave with the table
-    clock = work.clock()
-    trainer = L.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    loader = work.source(mode, clock)
-    module = LitMLP()
-    start = work.now()
-    trainer.fit(module, loader)
-    return _result(clock, start, work)
-
-
-def run_ignite(work: Workload, mode: str) -> RunResult:
-    """Ignite's `create_supervised_trainer`, which iterates any iterable (lists included).
-
-    It runs whole epochs (the step count rounded up to one), which leaves the per-step time as is.
-    """
-    from ignite.engine import create_supervised_trainer
-
-    clock = work.clock()
-    model = work.model()
-    optimizer = model.configure_optimizers()
-    engine = create_supervised_trainer(model, optimizer, F.mse_loss)
-    source = work.source(mode, clock)
-    epochs = -(-work.steps // NUM_BATCHES)
-    start = work.now()
-    engine.run(source, max_epochs=epochs, epoch_length=NUM_BATCHES)
-    return _result(clock, start, work)
+from benchmarks.overhead_loops import (run_accelerator, run_hand, run_hf_accelerate, run_ignite, run_lightning,
+                                       run_trainer, run_trainer_logger, run_trainer_logger_ckpt)
+from benchmarks.workload import (BATCH_SIZE, CHECKPOINT_EVERY, HIDDEN, IN_FEATURES, LOGGER_EVERY, OUT_FEATURES,
+                                 RunResult, Workload, make_workload, quiet_per_step)
 
 
 # --------------------------------------------------------------------------- which rows run

@@ -1,0 +1,164 @@
+"""The loops the overhead benchmark times: a hand-written loop, fittrain's, and other libraries'.
+
+Each returns a `RunResult`. What a user builds once (model, optimizer, Accelerator, prepare()) is
+built before the call is timed; `Trainer.fit` is timed whole, since that is the call users make.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Callable
+
+import torch
+from torch.nn import functional as F
+
+from benchmarks.workload import (CHECKPOINT_EVERY, LOGGER_EVERY, NUM_BATCHES, Batch, RunResult, TimedList, Workload,
+                                 cycle, result)
+from fittrain import Accelerator, Trainer
+
+
+def run_hand(work: Workload, mode: str) -> RunResult:
+    """The baseline: zero_grad, forward, loss, backward, step."""
+    clock = work.clock()
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    source = work.source(mode, clock)
+    start = work.now()
+    for x, y in cycle(source, work.steps):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    return result(clock, start, work)
+
+
+def run_accelerator(work: Workload, mode: str) -> RunResult:
+    """fittrain's Accelerator loop, as an Accelerate user writes it (no accumulate())."""
+    clock = work.clock()
+    accelerator = Accelerator(cpu=True)
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    if mode != "prebuilt":
+        model, optimizer, source = accelerator.prepare(model, optimizer, work.source(mode, clock))
+    else:  # pre-built batches are already where they belong: nothing to prepare
+        model, optimizer = accelerator.prepare(model, optimizer)
+        source = TimedList(work.batches, clock)
+    start = work.now()
+    for x, y in cycle(source, work.steps):
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return result(clock, start, work)
+
+
+def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> RunResult:
+    """Times one `Trainer.fit` in a throwaway project folder (logs and checkpoints go there)."""
+    clock = work.clock()
+    project = tempfile.mkdtemp(prefix="fittrain-bench-")
+    try:
+        trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project)
+        module = work.model()
+        loader = work.source(mode, clock)
+        # The progress bar would flood the table; a real terminal costs more, not less.
+        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+            start = work.now()
+            trainer.fit(module, loader)
+            return result(clock, start, work)
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def run_trainer(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with no callbacks."""
+    return _fit(work, mode, list)
+
+
+def run_trainer_logger(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with `Logger(every_n_steps=50)` (TensorBoard and progress bar on)."""
+    from fittrain.callbacks import Logger
+
+    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY)])
+
+
+def run_trainer_logger_ckpt(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with Logger(every_n_steps=50) and Checkpointer(every_n_steps=500)."""
+    from fittrain.callbacks import Checkpointer, Logger
+
+    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY),
+                                     Checkpointer(every_n_steps=CHECKPOINT_EVERY)])
+
+
+def run_hf_accelerate(work: Workload, mode: str) -> RunResult:
+    """Hugging Face Accelerate's loop: the same code with `from accelerate import Accelerator`."""
+    from accelerate import Accelerator as HFAccelerator
+
+    clock = work.clock()
+    accelerator = HFAccelerator(cpu=True)
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    if mode == "loader":
+        model, optimizer, source = accelerator.prepare(model, optimizer, work.loader(clock))
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        source = TimedList(work.batches, clock)
+    start = work.now()
+    for x, y in cycle(source, work.steps):
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return result(clock, start, work)
+
+
+def run_lightning(work: Workload, mode: str) -> RunResult:
+    """Lightning's Trainer with logger, checkpointing, progress bar and summary off."""
+    try:
+        import lightning as L
+    except ImportError:
+        import pytorch_lightning as L  # type: ignore[no-redef]
+
+    class LitMLP(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = work.model()
+
+        def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+            return self.inner.training_step(batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return self.inner.configure_optimizers()
+
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # its banners would interleave with the table
+    clock = work.clock()
+    trainer = L.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    loader = work.source(mode, clock)
+    module = LitMLP()
+    start = work.now()
+    trainer.fit(module, loader)
+    return result(clock, start, work)
+
+
+def run_ignite(work: Workload, mode: str) -> RunResult:
+    """Ignite's `create_supervised_trainer`, which iterates any iterable (lists included).
+
+    It runs whole epochs (the step count rounded up to one), which leaves the per-step time as is.
+    """
+    from ignite.engine import create_supervised_trainer
+
+    clock = work.clock()
+    model = work.model()
+    optimizer = model.configure_optimizers()
+    engine = create_supervised_trainer(model, optimizer, F.mse_loss)
+    source = work.source(mode, clock)
+    epochs = -(-work.steps // NUM_BATCHES)
+    start = work.now()
+    engine.run(source, max_epochs=epochs, epoch_length=NUM_BATCHES)
+    return result(clock, start, work)
+
