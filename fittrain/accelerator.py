@@ -33,6 +33,7 @@ from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
+from .launch_config import launch_defaults
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
 from .process_methods import ProcessMethods
@@ -71,6 +72,9 @@ class Accelerator(ProcessMethods, CheckpointMethods):
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
                  fsdp_classes: Iterable[type] | None = None) -> None:
+        # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
+        mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
+                                                                            gradient_accumulation_steps, cpu)
         mixed_precision = check_precision(mixed_precision)
         _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
         self.strategy = parallel.resolve_strategy(strategy)

@@ -9,13 +9,18 @@ teardown are torchrun's.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
+import shutil
 import signal
 import sys
 from typing import Any, Sequence
 
+from . import launch_config
+from .launch_config import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from .parallel import STRATEGIES, STRATEGY_ENV
+from .precision import PRECISIONS
 from .state import TIMEOUT_ENV
 
 _LAUNCH_EXAMPLES = """\
@@ -28,6 +33,8 @@ examples:
       --main_process_ip 10.0.0.1 --main_process_port 29500 train.py
       the first of two machines with eight processes each; run the same line on the
       second machine with --node_rank 1
+  fittrain launch --config_file default_config.yaml train.py
+      the processes, strategy and precision that `accelerate config` wrote; flags win
 
 The job ends when any process fails, and exits with that process's exit code.
 """
@@ -41,7 +48,8 @@ examples:
 
 #: Environment variables worth showing in a bug report when they are set.
 _REPORTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
-                 "OMP_NUM_THREADS", STRATEGY_ENV, TIMEOUT_ENV)
+                 "OMP_NUM_THREADS", STRATEGY_ENV, TIMEOUT_ENV, MIXED_PRECISION_ENV, ACCUMULATION_ENV,
+                 DYNAMO_BACKEND_ENV, USE_CPU_ENV)
 
 
 def _default_num_processes() -> int:
@@ -59,20 +67,42 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
                     "LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each process, which\n"
                     "fittrain.Accelerator reads.",
         epilog=_LAUNCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--config_file", default=None, metavar="FILE",
+                        help="an Accelerate config file (YAML or JSON, as `accelerate config` writes); flags "
+                             "given here win over its values")
     launch.add_argument("--num_processes", type=int, default=None, metavar="N",
                         help="total number of processes across all machines (default: one per GPU, or 1)")
-    launch.add_argument("--nnodes", "--num_machines", dest="nnodes", type=int, default=1, metavar="M",
+    launch.add_argument("--nnodes", "--num_machines", dest="nnodes", type=int, default=None, metavar="M",
                         help="number of machines taking part (default: 1)")
-    launch.add_argument("--node_rank", "--machine_rank", dest="node_rank", type=int, default=0, metavar="R",
+    launch.add_argument("--node_rank", "--machine_rank", dest="node_rank", type=int, default=None, metavar="R",
                         help="rank of this machine, from 0 to nnodes-1 (default: 0)")
     launch.add_argument("--main_process_ip", default=None, metavar="IP",
                         help="address of the machine with node_rank 0 (default: 127.0.0.1)")
     launch.add_argument("--main_process_port", type=int, default=None, metavar="PORT",
                         help="free port on the main machine (default: any free port on one machine, "
                              "29500 on several)")
+    launch.add_argument("--rdzv_backend", choices=("static", "c10d"), default=None,
+                        help="torchrun's rendezvous: static (default) or c10d at main_process_ip:port")
     launch.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help=f"how to parallelise models; exported as {STRATEGY_ENV} and used by "
                              "Accelerator(strategy='auto') (default: the script's own choice)")
+    launch.add_argument("--multi_gpu", "--multi_cpu", dest="strategy", action="store_const", const="ddp",
+                        help="Accelerate's name for --strategy ddp")
+    launch.add_argument("--use_fsdp", dest="strategy", action="store_const", const="fsdp",
+                        help="Accelerate's name for --strategy fsdp")
+    launch.add_argument("--mixed_precision", choices=PRECISIONS, default=None,
+                        help=f"exported as {MIXED_PRECISION_ENV}, the default of Accelerator(mixed_precision=...)")
+    launch.add_argument("--gradient_accumulation_steps", type=int, default=None, metavar="N",
+                        help=f"exported as {ACCUMULATION_ENV}, the default of "
+                             "Accelerator(gradient_accumulation_steps=...)")
+    launch.add_argument("--dynamo_backend", default=None, metavar="NAME",
+                        help=f"exported as {DYNAMO_BACKEND_ENV}, the default of Accelerator(dynamo_backend=...)")
+    launch.add_argument("--cpu", action="store_true", default=False,
+                        help=f"train on the CPU even with GPUs present (exported as {USE_CPU_ENV})")
+    launch.add_argument("--gpu_ids", default=None, metavar="IDS",
+                        help="comma-separated GPUs to use on this machine (exported as CUDA_VISIBLE_DEVICES)")
+    launch.add_argument("--num_cpu_threads_per_process", type=int, default=None, metavar="N",
+                        help="exported as OMP_NUM_THREADS")
     launch.add_argument("-m", "--module", action="store_true",
                         help="treat the script as a Python module name, as `python -m` does")
     launch.add_argument("script", help="the training script (or module, with -m) to run")
@@ -138,20 +168,46 @@ def torchrun_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     Returns:
         The argument list for `torch.distributed.run.main`.
     """
+    resolve_options(args, parser)
     if not args.module and not os.path.isfile(args.script):
         # Fail here once, rather than in every worker after the rendezvous.
         parser.error(f"the training script {args.script!r} does not exist. Received: script={args.script!r}. "
                      "Pass a path to a Python file, or use -m for a module name.")
     argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
             "--nproc-per-node", str(_processes_per_node(args, parser))]
+    if args.rdzv_backend == "c10d":
+        endpoint = f"{args.main_process_ip or '127.0.0.1'}:{args.main_process_port or 29500}"
+        return argv + ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint] + _target(args)
     if args.main_process_ip is not None:
         argv += ["--master-addr", args.main_process_ip]
     # Without a port on one machine torchrun picks a free one itself, so two jobs never collide.
     if args.main_process_port is not None:
         argv += ["--master-port", str(args.main_process_port)]
-    if args.module:
-        argv.append("--module")
-    return argv + [args.script, *args.script_args]
+    return argv + _target(args)
+
+
+def _target(args: argparse.Namespace) -> list[str]:
+    """The script (or module) and its arguments, at the end of torchrun's command line."""
+    return (["--module"] if args.module else []) + [args.script, *args.script_args]
+
+
+def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills options from `--config_file` (flags win) and the defaults; parser.error on bad input."""
+    if args.config_file is not None:
+        try:
+            options = launch_config.options_from_config(launch_config.read_config_file(args.config_file),
+                                                        args.config_file)
+        except (OSError, ValueError, ImportError) as err:
+            parser.error(str(err))
+        launch_config.merge(args, options)
+    args.nnodes = 1 if args.nnodes is None else args.nnodes
+    args.node_rank = 0 if args.node_rank is None else args.node_rank
+    if args.mixed_precision not in (None, *PRECISIONS):
+        parser.error(f"mixed_precision must be one of {', '.join(PRECISIONS)}. Received: {args.mixed_precision!r} "
+                     f"(from --config_file {args.config_file}). fp8 is not supported; use bf16 or fp16.")
+    if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
+        parser.error("--gradient_accumulation_steps must be a positive integer. "
+                     f"Received: --gradient_accumulation_steps {args.gradient_accumulation_steps}.")
 
 
 def _first_failure(error: Any) -> Any:
@@ -188,8 +244,7 @@ def _run_launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     argv = torchrun_argv(args, args.parser)
-    if args.strategy is not None:
-        os.environ[STRATEGY_ENV] = args.strategy  # Inherited by every worker torchrun starts.
+    os.environ.update(launch_config.worker_environment(args))  # Inherited by every worker torchrun starts.
     try:
         torchrun.main(argv)
     except ChildFailedError as error:
@@ -227,12 +282,36 @@ def environment_report() -> str:
 
     from . import __version__
 
-    lines = [f"fittrain version: {__version__}", f"torch version: {torch.__version__}",
+    lines = [f"fittrain version: {__version__}", f"`fittrain` command: {shutil.which('fittrain') or 'not on PATH'}",
+             f"torch version: {torch.__version__}", f"numpy version: {_version_of('numpy')}",
              f"Python version: {platform.python_version()} ({sys.executable})",
-             f"Platform: {platform.platform()}", f"CPU count: {os.cpu_count()}", *_devices(),
-             f"Distributed backends: {_backends()}"]
+             f"Platform: {platform.platform()}", f"CPU count: {os.cpu_count()}", f"System RAM: {_ram()}",
+             *_devices(), f"Distributed backends: {_backends()}"]
     lines += [f"{name}={os.environ[name]}" for name in _REPORTED_ENV if name in os.environ]
-    return "\n".join(f"- {line}" for line in lines)
+    report = "\n".join(f"- {line}" for line in lines)
+    # As `accelerate env` does: the default config that `fittrain launch --config_file` would be given.
+    config = os.path.join(os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "accelerate",
+                          "default_config.yaml")
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as handle:
+            body = "\n".join(f"\t{line}" for line in handle.read().splitlines())
+        return f"{report}\n- Accelerate default config ({config}):\n{body}"
+    return f"{report}\n- Accelerate default config: not found"
+
+
+def _version_of(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _ram() -> str:
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return "unknown"
+    return f"{pages * page_size / 2**30:.2f} GB"
 
 
 def _run_env(args: argparse.Namespace) -> int:
