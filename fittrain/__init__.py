@@ -4,24 +4,33 @@ Re-exports only. The architecture is described in docs/design.md, and the public
 docs it links to (docs/index.md).
 """
 
+from typing import Any
+
 from .accelerator import Accelerator
 from .checkpoint import CheckpointError, ProjectConfiguration
 from .events import Callback, Event
 from .module import TrainModule
+from .partial_state import PartialState
 from .state import DistributedType
 from .trainer import Trainer, TrainState
 
 __all__ = [
-    "Accelerator", "Callback", "CheckpointError", "DistributedType", "Event", "ProjectConfiguration",
-    "TrainModule", "TrainState", "Trainer",
+    "Accelerator", "Callback", "CheckpointError", "DistributedType", "Event", "PartialState", "ProjectConfiguration",
+    "TrainModule", "TrainState", "Trainer", "find_executable_batch_size", "skip_first_batches",
 ]
 
 
-def __getattr__(name: str) -> str:
-    """`fittrain.__version__`: the installed package's version (setup.cfg's), looked up when first read.
+def __getattr__(name: str) -> Any:
+    """`fittrain.__version__`: the installed package's version (setup.cfg's), looked up when first read;
+    and Accelerate's top-level helpers `skip_first_batches` and `find_executable_batch_size`.
 
-    Looked up lazily so that `import fittrain` does not pay for a scan of the installed packages.
+    Looked up lazily so that `import fittrain` does not pay for a scan of the installed packages
+    (nor for `fittrain.utils`' imports).
     """
+    if name in ("skip_first_batches", "find_executable_batch_size"):
+        from . import utils
+
+        return getattr(utils, name)
     if name != "__version__":
         raise AttributeError(f"module 'fittrain' has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version

@@ -107,25 +107,33 @@ def gather(data: Any, state: ProcessState) -> Any:
     return _map_tensors(lambda t: _gather_one(t, state), data)
 
 
+# "mean" sums, then divides; "none" only scales. (Accelerate has "max"; "min" is its mirror.)
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN, "none": None}
+
+
 def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sums (or averages, with reduction="mean") each tensor of `data` across processes.
+    """Sums, averages ("mean"), or takes the largest ("max") or smallest ("min") of each tensor of
+    `data` across processes, element by element.
 
     Args:
         data: A tensor, or dicts/lists/tuples of tensors; the input is not modified.
         state: The calling Accelerator's process state.
-        reduction: "sum", "mean", or "none" (only `scale` applies).
+        reduction: "sum", "mean", "max", "min", or "none" (only `scale` applies).
         scale: A factor applied after reducing.
 
     Raises:
         ValueError: for an unknown `reduction`.
     """
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"`reduction` must be 'sum', 'mean' or 'none'. Received: reduction={reduction!r}.")
+    if reduction not in _REDUCE_OPS:
+        raise ValueError(f"`reduction` must be one of {', '.join(repr(r) for r in _REDUCE_OPS)}. "
+                         f"Received: reduction={reduction!r}.")
+    op = _REDUCE_OPS[reduction]
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
-        if state.is_distributed and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        if state.is_distributed and op is not None:
+            dist.all_reduce(out, op=op)
         if reduction == "mean":
             out = out / state.num_processes
         return out * scale if scale != 1.0 else out

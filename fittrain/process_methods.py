@@ -1,13 +1,15 @@
-"""The Accelerator's methods that involve every process: barriers, gathers, reductions, broadcasts.
+"""Methods that involve every process: facts, barriers, gathers, reductions, broadcasts, decorators.
 
-A mixin of `Accelerator`, kept apart so the facade stays short; it uses the Accelerator's
-`state` (the process group) and `gradient_state` (which knows the padded last batch).
+`ProcessHelpers` needs only a `state` (the process group's facts): `PartialState` and the
+Accelerator share it. `ProcessMethods`, the Accelerator's mixin, adds what also needs its
+`gradient_state` (which knows the padded last batch): `gather_for_metrics`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Iterator
+import functools
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -16,13 +18,53 @@ from .state import ProcessState
 from .sync import GradientState
 
 
-class ProcessMethods:
+class ProcessHelpers:
     """Accelerate's multi-process helpers; every method works on one process too."""
 
-    # What the Accelerator provides (declared here so the methods below read on their own).
-    state: ProcessState
-    gradient_state: GradientState
+    state: ProcessState  # what the class using this mixin provides
 
+    # ----------------------------------------------------------------- facts
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.state.device
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes take part."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """This process's global rank."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its node."""
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is global rank 0."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is rank 0 on its node."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the last global rank (the main process when there is one)."""
+        return self.state.process_index == self.state.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.state.is_distributed
+
+    # ----------------------------------------------------------------- collectives
     def wait_for_everyone(self) -> None:
         """Blocks until every process reaches this line."""
         self.state.barrier()
@@ -36,24 +78,8 @@ class ProcessMethods:
         """Concatenates tensors (or nested structures of them) from all processes along dim 0."""
         return collectives.gather(tensor, self.state)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
-        # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing.
-        padding = 0 < self.gradient_state.real_ranks <= self.state.process_index
-        if use_gather_object or not _holds_tensors(input_data):
-            mine = [] if padding else input_data
-            gathered = [x for part in collectives.gather_object(mine, self.state) for x in _as_list(part)]
-        else:
-            gathered = collectives.gather(_emptied(input_data) if padding else input_data, self.state)
-        # Set by the prepared loader on a batch of a padded round only (not just the last batch: a
-        # stream read by several workers has a padded round at the end of each worker's share).
-        remainder = self.gradient_state.remainder
-        if remainder:
-            gathered = _truncate(gathered, remainder)
-        return gathered
-
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sums or averages tensors across processes."""
+        """Sums, averages ("mean"), or takes the "max" or "min" of tensors across processes."""
         return collectives.reduce(tensor, self.state, reduction, scale)
 
     def broadcast(self, obj: Any, from_process: int = 0) -> Any:
@@ -81,9 +107,92 @@ class ProcessMethods:
 
     @contextlib.contextmanager
     def local_main_process_first(self) -> Iterator[None]:
-        """Like `main_process_first`, per node."""
+        """Like `main_process_first`, per node (here: globally, which also orders every node)."""
         with self.main_process_first():
             yield
+
+    # ----------------------------------------------------------------- triggers
+    def set_trigger(self) -> None:
+        """Raises this process's flag, for `check_trigger` (e.g. a loss that became NaN on one rank)."""
+        self.__dict__["_trigger"] = True
+
+    def check_trigger(self) -> bool:
+        """Whether any process called `set_trigger` since the last check; resets the flags.
+
+        Every process must call it (one all-reduce), so that all of them act on the answer together.
+        """
+        flag = torch.tensor([1.0 if self.__dict__.pop("_trigger", False) else 0.0], device=self.state.device)
+        return bool(self.reduce(flag, reduction="sum").item() > 0)
+
+    # ----------------------------------------------------------------- decorators
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorates `function` to run on the main process only (it returns None elsewhere)."""
+        return self._only_where(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorates `function` to run on each node's main process only."""
+        return self._only_where(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorates `function` to run on the last process only."""
+        return self._only_where(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable[..., Any] | None = None,
+                   process_index: int | None = None) -> Callable[..., Any]:
+        """Decorates `function` to run on global rank `process_index` only:
+        `@accelerator.on_process(process_index=1)`."""
+        index = _check_index("process_index", process_index, self.num_processes)
+        return self._only_where(function, lambda: self.process_index == index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None,
+                         local_process_index: int | None = None) -> Callable[..., Any]:
+        """Decorates `function` to run on local rank `local_process_index` of each node only."""
+        index = _check_index("local_process_index", local_process_index, self.num_processes)
+        return self._only_where(function, lambda: self.local_process_index == index)
+
+    @staticmethod
+    def _only_where(function: Callable[..., Any] | None, here: Callable[[], bool]) -> Callable[..., Any]:
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if not callable(fn):
+                raise TypeError(f"This decorator wraps a function. Received: {fn!r:.80} ({type(fn).__name__}).")
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs) if here() else None
+
+            return wrapper
+
+        # Used bare (@accelerator.on_main_process) or called (@accelerator.on_process(process_index=1)).
+        return decorate if function is None else decorate(function)
+
+
+class ProcessMethods(ProcessHelpers):
+    """The Accelerator's multi-process methods: `ProcessHelpers` and `gather_for_metrics`."""
+
+    gradient_state: GradientState  # what the Accelerator provides
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
+        # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing.
+        padding = 0 < self.gradient_state.real_ranks <= self.state.process_index
+        if use_gather_object or not _holds_tensors(input_data):
+            mine = [] if padding else input_data
+            gathered = [x for part in collectives.gather_object(mine, self.state) for x in _as_list(part)]
+        else:
+            gathered = collectives.gather(_emptied(input_data) if padding else input_data, self.state)
+        # Set by the prepared loader on a batch of a padded round only (not just the last batch: a
+        # stream read by several workers has a padded round at the end of each worker's share).
+        remainder = self.gradient_state.remainder
+        if remainder:
+            gathered = _truncate(gathered, remainder)
+        return gathered
+
+
+def _check_index(name: str, value: Any, num_processes: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"`{name}` must be a process index, an integer from 0. Received: {name}={value!r:.80}. "
+                         f"Use e.g. @accelerator.on_process({name}=0).")
+    return value
 
 
 def _holds_tensors(obj: Any) -> bool:

@@ -178,8 +178,9 @@ def test_gather_and_reduce_with_one_process():
     assert torch.equal(accelerator.reduce(t, reduction="mean"), t)
     assert torch.equal(accelerator.reduce(t, scale=2.0), t * 2)
     assert torch.equal(accelerator.reduce(nested)["b"][0], t[0])
-    with pytest.raises(ValueError, match="reduction='max'"):
-        accelerator.reduce(t, reduction="max")
+    assert torch.equal(accelerator.reduce(t, reduction="max"), t)
+    with pytest.raises(ValueError, match="reduction='median'"):
+        accelerator.reduce(t, reduction="median")
 
 
 def test_pad_across_processes_and_split_between_processes_with_one_process():

@@ -1,0 +1,238 @@
+"""`fittrain.utils`: the user-facing helpers Accelerate scripts import from `accelerate.utils`.
+
+`from accelerate.utils import set_seed, ProjectConfiguration` becomes `from fittrain.utils
+import ...`. The collectives here work like the Accelerator's methods of the same names, on the
+process group of this process (a `PartialState` is read per call; there is no global to set up).
+
+Example:
+    >>> from fittrain.utils import set_seed, gather_object
+    >>> set_seed(42)
+    >>> everyone = gather_object([f"rank {PartialState().process_index}"])
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import random
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from tqdm.auto import tqdm as _tqdm
+
+from . import collectives
+from .checkpoint.naming import ProjectConfiguration
+from .data.devices import send_to_device as _send_to_device
+from .partial_state import PartialState
+from .state import DistributedType
+
+__all__ = ["DistributedType", "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size",
+           "gather", "gather_object", "pad_across_processes", "reduce", "send_to_device", "set_seed",
+           "skip_first_batches", "tqdm"]
+
+# What an out-of-memory failure says, on each device kind (CPU allocations fail with the last one).
+_OOM_MESSAGES = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+                 "DefaultCPUAllocator: can't allocate memory")
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seeds `random`, `numpy` and `torch` (every device) alike, for reproducible runs.
+
+    Args:
+        seed: The seed.
+        device_specific: Add this process's index to the seed, so that processes draw differently.
+        deterministic: Also `torch.use_deterministic_algorithms(True)` (slower, reproducible kernels).
+
+    Raises:
+        TypeError: for a seed that is not an integer.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an integer. Received: seed={seed!r:.80} ({type(seed).__name__}). "
+                        "Pass e.g. set_seed(42).")
+    if device_specific:
+        seed += PartialState().process_index
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # numpy takes 0..2**32-1 only
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> _tqdm:
+    """`tqdm.auto.tqdm` that shows on the local main process only (unless `main_process_only=False`)."""
+    if main_process_only and not PartialState().is_local_main_process:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)
+
+
+def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False,
+                   skip_keys: str | list[str] | tuple[str, ...] | None = None) -> Any:
+    """Moves every tensor of `tensor` (nested lists, tuples, dicts) to `device`.
+
+    Args:
+        tensor: A tensor or a nested structure of tensors; other values pass through.
+        device: Where to move them.
+        non_blocking: Copy asynchronously where the device allows it.
+        skip_keys: Keys of a dict whose values stay where they are.
+    """
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if skip_keys and isinstance(tensor, dict):
+        skipped = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys)
+        return type(tensor)((k, v if k in skipped else _send_to_device(v, device, non_blocking))
+                            for k, v in tensor.items())
+    return _send_to_device(tensor, device, non_blocking)
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenates tensors (or nested structures of them) from every process along dim 0."""
+    return collectives.gather(tensor, PartialState().state)
+
+
+def gather_object(object: Any) -> Any:
+    """Every process's list of picklable objects, joined in rank order (one process: `object` itself)."""
+    state = PartialState().state
+    if not state.is_distributed:
+        return object
+    return [item for part in collectives.gather_object(object, state) for item in part]
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduces tensors across processes: "mean" (the default here, as in `accelerate.utils`),
+    "sum", "max", "min" or "none"."""
+    return collectives.reduce(tensor, PartialState().state, reduction, scale)
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copies tensors (or nested structures of them) from `from_process` to every process."""
+    return collectives.broadcast(tensor, PartialState().state, from_process)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replaces the items of `object_list`, in place, with those of `from_process`; returns it."""
+    if not isinstance(object_list, list):
+        raise TypeError(f"`object_list` must be a list (it is filled in place). Received: "
+                        f"{type(object_list).__name__}. Wrap the object: broadcast_object_list([obj]).")
+    object_list[:] = collectives.broadcast_object(list(object_list), PartialState().state, from_process)
+    return object_list
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pads tensors along `dim` to the largest size any process has, with `pad_index`."""
+    return collectives.pad_across_processes(tensor, PartialState().state, dim, pad_index, pad_first)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """One pass of `dataloader` that starts after its first `num_batches` batches.
+
+    A prepared loader skips them without loading them (see `Accelerator.skip_first_batches`); a
+    plain map-style DataLoader becomes the same DataLoader over its batch sampler minus the first
+    batches, also without loading them; any other iterable is read and its first batches dropped.
+    """
+    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+        raise ValueError(f"`num_batches` must be a non-negative integer. Received: num_batches={num_batches!r:.80}.")
+    from .data import PositionedSource, SkippedDataLoader
+
+    if isinstance(dataloader, (PositionedSource, SkippedDataLoader)):
+        return SkippedDataLoader(getattr(dataloader, "loader", dataloader), num_batches)
+    if isinstance(dataloader, DataLoader) and dataloader.batch_sampler is not None \
+            and not isinstance(dataloader.dataset, IterableDataset):
+        # The same loader over a batch sampler that drops its first batches: the order is drawn
+        # exactly as the original would draw it, and the skipped batches are never loaded.
+        return DataLoader(dataloader.dataset, batch_sampler=_SkipBatches(dataloader.batch_sampler, num_batches),
+                          num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn,
+                          pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
+                          worker_init_fn=dataloader.worker_init_fn, generator=dataloader.generator,
+                          multiprocessing_context=dataloader.multiprocessing_context,
+                          prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers)
+    return _SkipFirst(dataloader, num_batches)
+
+
+class _SkipBatches:
+    """A batch sampler without the first `num_batches` batches of `batch_sampler`."""
+
+    def __init__(self, batch_sampler: Any, num_batches: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.num_batches, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.num_batches:
+                yield batch
+
+
+class _SkipFirst:
+    """One pass of any other iterable after its first batches (they are read, then dropped)."""
+
+    def __init__(self, loader: Any, num_batches: int) -> None:
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.loader) - self.num_batches, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, batch in enumerate(self.loader):
+            if index >= self.num_batches:
+                yield batch
+
+
+def find_executable_batch_size(function: Callable[..., Any] | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[], int] | None = None) -> Callable[..., Any]:
+    """Calls `function(batch_size, ...)` with smaller batch sizes until it runs out of memory no more.
+
+    `function` takes the batch size as its first argument, which the caller leaves out. After an
+    out-of-memory error the batch size becomes 90% of itself (or what `reduce_batch_size_fn`
+    returns), and the device cache is cleared.
+
+    Example:
+        >>> @find_executable_batch_size(starting_batch_size=128)
+        ... def train(batch_size, model):
+        ...     ...
+        >>> train(model)
+
+    Raises:
+        RuntimeError: when the batch size reached zero.
+        TypeError: when the caller passes the batch size too.
+    """
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        batch_size = starting_batch_size
+        params = list(inspect.signature(function).parameters)
+        if len(params) < len(args) + 1:
+            raise TypeError(f"`{function.__name__}` got its batch size from the call, but find_executable_batch_size "
+                            f"passes it as the first argument. Call {function.__name__}(...) without it.")
+        while True:
+            if batch_size <= 0:
+                raise RuntimeError(f"`{function.__name__}` ran out of memory down to batch size 1 (started at "
+                                   f"{starting_batch_size}): no executable batch size found, reached zero.")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - only out-of-memory errors retry
+                if not _is_out_of_memory(err):
+                    raise
+                _free_device_cache()
+                batch_size = reduce_batch_size_fn() if reduce_batch_size_fn is not None else int(batch_size * 0.9)
+
+    return run
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and len(err.args) == 1 and any(m in str(err.args[0]) for m in _OOM_MESSAGES)
+
+
+def _free_device_cache() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
