@@ -408,3 +408,17 @@ def test_end_of_dataloader_is_set_only_on_the_last_batch():
     flags = [state.end_of_dataloader for _ in dl]
     assert flags == [False, False, True]
     assert state.end_of_dataloader is False  # after the loop, no batch is "the last" any more
+
+
+def test_an_inner_pass_leaves_the_outer_loaders_end_flag_as_it_was():
+    state = GradientState()
+    outer = DataLoaderShard(DataLoader(IndexDataset(6), batch_size=4), None, state)
+    inner = DataLoaderShard(DataLoader(IndexDataset(5), batch_size=4), None, state)
+    seen = []
+    for _ in outer:
+        inner_flags = [state.end_of_dataloader for _ in inner]
+        seen.append(state.end_of_dataloader)
+        assert inner_flags == [False, True] and state.in_dataloader
+        for _ in inner:
+            break  # an inner pass left early ends too
+    assert seen == [False, True] and not state.in_dataloader and not state.end_of_dataloader

@@ -45,18 +45,20 @@ class PositionedSource:
         position and the accumulation state (`end_of_dataloader`, `remainder`, `real_ranks`) up
         to date. Only the last round is padded: `remainder` (real samples) or `real_ranks` (ranks
         holding a real batch) describe it, for gather_for_metrics."""
-        state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
-        last = total - 1
-        for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
-            position.batches_consumed = index + 1
-            if index == last:
-                state.end_of_dataloader, state.remainder, state.real_ranks = True, remainder, real_ranks
-            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
-        position.epoch += 1
-        position.batches_consumed = 0
-        # The pass is over: like Accelerate, code after the loop is no longer "in the last batch".
-        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
+        position, last = self.position, total - 1
+        flags = self.gradient_state.begin_pass()
+        try:
+            for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
+                position.batches_consumed = index + 1
+                if index == last:
+                    flags.end_of_dataloader, flags.remainder, flags.real_ranks = True, remainder, real_ranks
+                yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
+            position.epoch += 1
+            position.batches_consumed = 0
+        finally:
+            # The pass is over (or left early): like Accelerate, code after the loop is no longer "in
+            # the last batch", and an enclosing pass's flags are the ones that count again.
+            self.gradient_state.end_pass(flags)
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""

@@ -172,29 +172,31 @@ class StreamShard(PositionedSource):
 
     def _emit_stream(self, items: Iterator[tuple[Any, StreamItem]], skip: int) -> Iterator[Any]:
         """Yields batches one behind the stream, so the last is known (`end_of_dataloader`)."""
-        state, position = self.gradient_state, self.position
-        state.end_of_dataloader, state.remainder, state.real_ranks = False, 0, 0
-        current = next(items, None)
-        going = self._agreed(current is not None)
-        index = skip
-        while going:
-            following = next(items, None)
-            going = self._agreed(following is not None)
-            if not going and following is not None:
-                warnings.warn("A stream that shards itself by rank ran out on another rank first: this rank stops "
-                              "with batches left unused, so that every rank takes the same number of steps.",
-                              stacklevel=2)
-            batch, item = current
-            self._record(item)
-            index += 1
-            position.batches_consumed = index
-            state.end_of_dataloader, state.remainder = not going, item.remainder
-            yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
-            current = following
-        position.epoch += 1
-        position.batches_consumed = 0
-        self._pass = _fresh_pass(self._workers)
-        state.end_of_dataloader, state.remainder = False, 0
+        position = self.position
+        flags = self.gradient_state.begin_pass()
+        try:
+            current = next(items, None)
+            going = self._agreed(current is not None)
+            index = skip
+            while going:
+                following = next(items, None)
+                going = self._agreed(following is not None)
+                if not going and following is not None:
+                    warnings.warn("A stream that shards itself by rank ran out on another rank first: this rank stops "
+                                  "with batches left unused, so that every rank takes the same number of steps.",
+                                  stacklevel=2)
+                batch, item = current
+                self._record(item)
+                index += 1
+                position.batches_consumed = index
+                flags.end_of_dataloader, flags.remainder = not going, item.remainder
+                yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
+                current = following
+            position.epoch += 1
+            position.batches_consumed = 0
+            self._pass = _fresh_pass(self._workers)
+        finally:
+            self.gradient_state.end_pass(flags)  # an enclosing pass's flags count again
 
     def _agreed(self, have: bool) -> bool:
         return have if self._agree is None else self._agree(have)

@@ -23,6 +23,13 @@ def test_gather_for_metrics_yields_exactly_the_27_samples(ddp_job: dict[str, Any
         assert metrics["even_27"] == list(range(27))
 
 
+def test_an_inner_loader_run_inside_the_last_batch_leaves_the_outer_padding_known(ddp_job: dict[str, Any]) -> None:
+    # An evaluation loop inside the training loop: on the outer loader's last batch gather_for_metrics
+    # must still drop the padding repeats (27, not 32), and the inner loop's own (10, not 12).
+    for metrics in _metrics(ddp_job):
+        assert metrics["nested_27"] == {"outer": list(range(27)), "inner": list(range(10))}
+
+
 def test_uneven_batches_split_the_data_without_repeats_and_without_hanging(ddp_job: dict[str, Any]) -> None:
     rank0, rank1 = (m["uneven_27"] for m in _metrics(ddp_job))
     assert (rank0["len"], rank1["len"]) == (4, 3)  # rank 1 gets no last batch

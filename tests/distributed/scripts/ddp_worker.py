@@ -76,6 +76,18 @@ def _metrics_pass(acc: Accelerator, n: int, batch: int) -> list[int]:
     return torch.cat(seen).tolist() if seen else []
 
 
+def _nested_metrics_pass(acc: Accelerator) -> dict[str, list[int]]:
+    """gather_for_metrics over arange(27) (batch 4) with a whole inner loader (an evaluation loop over
+    arange(10)) run inside every outer batch, before the outer batch's gather."""
+    outer = acc.prepare(DataLoader(TensorDataset(torch.arange(27)), batch_size=4))
+    inner = acc.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=4))
+    seen, inner_seen = [], []
+    for (x,) in outer:
+        inner_seen = [y for (y,) in inner for y in acc.gather_for_metrics(y).tolist()]
+        seen += acc.gather_for_metrics(x).tolist()
+    return {"outer": seen, "inner": inner_seen}
+
+
 def _local_then_gather(acc: Accelerator, n: int, batch: int) -> dict[str, Any]:
     """even_batches=False: collect locally, gather once at the end (no per-batch collective)."""
     loader = acc.prepare(DataLoader(TensorDataset(torch.arange(n)), batch_size=batch))
@@ -91,6 +103,7 @@ def metrics(out: pathlib.Path, extra: list[str]) -> dict[str, Any]:
     uneven = Accelerator(even_batches=False)
     return {
         "even_27": _metrics_pass(even, 27, 4),
+        "nested_27": _nested_metrics_pass(even),
         "uneven_27": _local_then_gather(uneven, 27, 4),
         "even_3": _metrics_pass(even, 3, 4),
         "uneven_3": _local_then_gather(uneven, 3, 4),
