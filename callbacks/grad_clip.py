@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from fittrain.events import Callback
+from fittrain.manual import optimizer_parameters
 
 if TYPE_CHECKING:
     from fittrain.trainer import Trainer
@@ -24,8 +25,10 @@ class GradClip(Callback):
     """Clips gradients before each optimizer step, by total norm or element-wise by value.
 
     It acts in `on_before_optimizer_step`, which runs on sync steps only, so it sees the whole
-    accumulated gradient. fp16 gradients are unscaled first, so the limits are in the units of
-    the true gradients. The total gradient norm before clipping is recorded as the metric
+    accumulated gradient. It clips the gradients of the optimizer about to step
+    (`trainer.optimizer`): in manual optimization with several optimizers, each step clips only
+    its own parameters. fp16 gradients are unscaled first (that optimizer's only), so the limits
+    are in the units of the true gradients. The total gradient norm before clipping is recorded as the metric
     `grad_norm` (kept as a tensor, so recording it costs no device sync).
 
     Args:
@@ -52,22 +55,39 @@ class GradClip(Callback):
         # The mode is chosen once here, so the step itself never asks which one is on.
         self._clip: Callable[["Trainer"], torch.Tensor] = (
             self._clip_norm if self.max_norm is not None else self._clip_value)
+        self._parameters: dict[int, list[torch.nn.Parameter]] = {}  # per optimizer, found at its first step
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Forgets the parameter lists of a previous fit's optimizers."""
+        self._parameters = {}
 
     def on_before_optimizer_step(self, trainer: "Trainer") -> None:
         """Clips the accumulated gradients and records their pre-clip total norm as `grad_norm`."""
         trainer.record("grad_norm", self._clip(trainer))
 
+    def _stepping_parameters(self, trainer: "Trainer") -> list[torch.nn.Parameter]:
+        """The parameters of the optimizer about to step, in the module's order, after unscaling them.
+
+        Only that optimizer is unscaled: with several (manual optimization), unscaling another
+        now would leave the gradients its next backward adds scaled when it steps.
+        """
+        optimizer = trainer.optimizer
+        params = self._parameters.get(id(optimizer))
+        if params is None:
+            params = self._parameters[id(optimizer)] = optimizer_parameters(optimizer, trainer.model)
+        trainer.accelerator.unscale_gradients(optimizer)
+        return params
+
     def _clip_norm(self, trainer: "Trainer") -> torch.Tensor:
-        # The Accelerator unscales fp16 gradients first and returns the pre-clip norm.
-        return trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), self.max_norm, self.norm_type)
+        params = self._stepping_parameters(trainer)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
+        # Under FSDP2 the norm is a DTensor; the recorded metric is the full value.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _clip_value(self, trainer: "Trainer") -> torch.Tensor:
-        accelerator = trainer.accelerator
-        accelerator.unscale_gradients()  # the norm must be measured on the true gradients
-        params = [p for p in trainer.model.parameters() if p.grad is not None]
+        params = [p for p in self._stepping_parameters(trainer) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], self.norm_type)
-        accelerator.clip_grad_value_(params, self.max_value)
-        # Under FSDP2 the norm is a DTensor; the recorded metric is the full value.
+        torch.nn.utils.clip_grad_value_(params, self.max_value)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def __repr__(self) -> str:

@@ -173,8 +173,9 @@ class Accelerator(ProcessMethods, CheckpointMethods):
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
-        """Whether the last step was skipped because fp16 gradients overflowed."""
-        return self.gradient_state.step_was_skipped
+        """Whether the last step was skipped because fp16 gradients overflowed: with several prepared
+        optimizers, whether any of them skipped its last step (as in Accelerate)."""
+        return self.gradient_state.step_was_skipped or any(o.step_was_skipped for o in self._optimizers)
 
     @property
     def project_dir(self) -> str | None:

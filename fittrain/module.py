@@ -31,7 +31,16 @@ class TrainModule(nn.Module):
 
     While fitting, `self.trainer`, `self.device`, `self.global_step` and `self.current_epoch`
     tell where training stands, and `self.log(name, value)` records a metric.
+
+    Attributes:
+        automatic_optimization: True (the default): the Trainer runs backward and steps the one
+            optimizer. Set `self.automatic_optimization = False` in `__init__` for manual
+            optimization (Lightning's name): training_step then steps any number of optimizers
+            itself with `self.optimizers()`, `self.manual_backward(loss)` and `opt.step()`; see
+            `fittrain.manual`.
     """
+
+    automatic_optimization: bool = True
 
     def training_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
         """Computes the loss of one batch.
@@ -103,6 +112,63 @@ class TrainModule(nn.Module):
                                "from training_step, validation_step or test_step while the Trainer runs the module (fit, validate, "
                                "test or predict).")
         trainer.record(name, value)
+
+    # ----------------------------------------------------------------- manual optimization
+    def optimizers(self) -> Any:
+        """The prepared optimizer, or a list of them when configure_optimizers returned several.
+
+        Their `step()` and `zero_grad()` do nothing inside a gradient-accumulation window, so
+        training_step needs no code for accumulation.
+        """
+        optimizers = self._fitting_trainer("optimizers()").optimizers
+        return optimizers[0] if len(optimizers) == 1 else list(optimizers)
+
+    def lr_schedulers(self) -> Any:
+        """The prepared LR scheduler, a list of them when several were returned, or None.
+
+        In manual optimization the Trainer steps none of them: call `sch.step()` in
+        training_step. A prepared scheduler does not advance inside an accumulation window or
+        after a step its optimizer skipped (fp16 overflow).
+        """
+        schedulers = self._fitting_trainer("lr_schedulers()").schedulers
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else list(schedulers)
+
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Use instead of `loss.backward()` in manual optimization: it scales the loss for fp16,
+        divides it over the accumulation window, and fires `on_before_backward`/`on_after_backward`."""
+        self._manual_loop("manual_backward(loss)").backward(loss, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str = "norm") -> None:
+        """Clips `optimizer`'s gradients (unscaled first under fp16), by total norm or by value.
+
+        Call it between `manual_backward` and `optimizer.step()` (or use the GradClip callback,
+        which clips the stepping optimizer's gradients in both modes).
+        """
+        from .manual import clip_gradients  # fittrain.manual imports this module's neighbours
+
+        clip_gradients(self._fitting_trainer("clip_gradients(...)"), optimizer, gradient_clip_val,
+                       gradient_clip_algorithm)
+
+    def _fitting_trainer(self, method: str) -> "Trainer":
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None or not trainer.optimizers:
+            raise RuntimeError(f"{type(self).__name__}.{method} needs a running Trainer.fit, which prepares the "
+                               "optimizers: call it from training_step while fit runs, not from __init__ or "
+                               "configure_optimizers or before fit.")
+        return trainer
+
+    def _manual_loop(self, method: str) -> Any:
+        trainer = self._fitting_trainer(method)
+        if trainer._manual is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{method} is for manual optimization, and this module uses automatic "
+                "optimization (automatic_optimization=True), where the Trainer calls backward on the loss "
+                "training_step returns. Set self.automatic_optimization = False in __init__ to call backward and "
+                "step the optimizers yourself, or return the loss and let the Trainer do it.")
+        return trainer._manual
 
     def has_validation_step(self) -> bool:
         """Whether the subclass implements `validation_step`."""

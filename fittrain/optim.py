@@ -34,6 +34,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.precision = precision
+        self._step_was_skipped = False
+        precision.track(optimizer)  # an fp16 scaler updates differently for several optimizers
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -78,12 +80,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Steps at the end of an accumulation window; records whether fp16 skipped the step."""
         if not self.gradient_state.sync_gradients:
             return
-        self.gradient_state.step_was_skipped = not self.precision.step(self.optimizer, closure)
+        skipped = not self.precision.step(self.optimizer, closure)
+        self._step_was_skipped = self.gradient_state.step_was_skipped = skipped
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last real step was skipped because fp16 gradients overflowed."""
-        return self.gradient_state.step_was_skipped
+        """Whether this optimizer's last real step was skipped because fp16 gradients overflowed."""
+        return self._step_was_skipped
 
 
 class AcceleratedScheduler:
@@ -106,11 +109,16 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
         self.steps_per_call = steps_per_call
+        # The prepared optimizer this scheduler drives, when known (the Trainer's manual
+        # optimization links it): its own skipped step counts, not the last step of any optimizer.
+        self.stepping_optimizer: AcceleratedOptimizer | None = None
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Advances the schedule after a real optimizer step; a no-op otherwise."""
         if self.step_with_optimizer:
-            if not self.gradient_state.sync_gradients or self.gradient_state.step_was_skipped:
+            linked = self.stepping_optimizer
+            skipped = self.gradient_state.step_was_skipped if linked is None else linked.step_was_skipped
+            if not self.gradient_state.sync_gradients or skipped:
                 return
             for _ in range(self.steps_per_call):
                 self.scheduler.step(*args, **kwargs)

@@ -8,6 +8,7 @@ fp16 works on CPU too: torch autocasts to float16 there and its GradScaler runs 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -68,6 +69,9 @@ class FullPrecision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides the gradients of `optimizer` by the loss scale, once per step."""
 
+    def track(self, optimizer: torch.optim.Optimizer) -> None:
+        """Notes an optimizer prepared with this precision (the loss scaler adapts to several)."""
+
     def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
         """Steps `optimizer` (with `closure`, as `Optimizer.step` takes it); returns False when the
         step was skipped for inf/NaN gradients."""
@@ -102,18 +106,37 @@ class AutocastPrecision(FullPrecision):
 
 
 class ScaledPrecision(AutocastPrecision):
-    """fp16: autocast plus a GradScaler, which skips steps whose gradients overflowed."""
+    """fp16: autocast plus a GradScaler, which skips steps whose gradients overflowed.
+
+    With one optimizer, `step()` updates the scale right after the step, as Accelerate does. With
+    several, PyTorch's rule holds: each optimizer steps through the scaler, and the scale is
+    updated once, after all of them, because an update between two steps would unscale the second
+    optimizer's gradients by a scale they were not multiplied with. The update waits until the
+    next backward (`scale_loss`) or `state_dict()`, which serves both orders users write:
+    backward D, step D, backward G, step G (each backward flushes the update of the step before),
+    and backward D and G, then step both (one update, with both optimizers' overflow checks).
+    Whether a step was skipped is read per optimizer from the scaler's inf checks.
+    """
 
     def __init__(self, device_type: str) -> None:
         super().__init__(device_type, torch.float16, "fp16")
         self.scaler = torch.amp.GradScaler(device_type)
         # GradScaler refuses a second unscale_ per step; clipping and step() may both ask.
         self._unscaled: set[int] = set()
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._stepped: set[int] = set()  # optimizers stepped since the last scaler.update()
+
+    def track(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizers.add(optimizer)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        if self._stepped:
+            self._update()
         return self.scaler.scale(loss)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._stepped:
+            self._update()  # stepped again without a backward in between: a new iteration
         if id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
@@ -127,18 +150,41 @@ class ScaledPrecision(AutocastPrecision):
                 f"scale what the closure computes. Received: closure={closure!r}. Call backward on the scaled "
                 "loss and step without a closure, or use bf16 or full precision for closure-based optimizers "
                 "such as LBFGS.")
+        if id(optimizer) in self._stepped:
+            self._update()
         scale_before = self.scaler.get_scale()
         self.scaler.step(optimizer)
-        self.scaler.update()
         self._unscaled.discard(id(optimizer))
+        if len(self._optimizers) > 1:
+            found_inf = self._found_inf(optimizer)
+            if found_inf is not None:
+                self._stepped.add(id(optimizer))  # updated at the next backward or state_dict()
+                return not found_inf
+        self.scaler.update()
         # The scaler lowers its scale exactly when it skipped the step for inf/NaN gradients.
         return self.scaler.get_scale() >= scale_before
 
+    def _found_inf(self, optimizer: torch.optim.Optimizer) -> bool | None:
+        """Whether the scaler found inf/NaN in `optimizer`'s gradients at its last step (None when
+        this torch's GradScaler keeps no per-optimizer record, so the scale must tell)."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        found = states.get(id(optimizer), {}).get("found_inf_per_device") if isinstance(states, dict) else None
+        if not found:
+            return None
+        return bool(sum(float(v.item()) for v in found.values()))
+
+    def _update(self) -> None:
+        self.scaler.update()
+        self._stepped.clear()
+
     def state_dict(self) -> dict[str, Any]:
+        if self._stepped:
+            self._update()  # a checkpoint holds the scale the next backward would use
         return self.scaler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
+            self._stepped.clear()
             self.scaler.load_state_dict(state)
 
 

@@ -119,10 +119,11 @@ def _unpack(result: Any) -> tuple[Any, Any, Any]:
     optimizers = {id(x) for x in nested if isinstance(x, torch.optim.Optimizer)}
     if len(optimizers) > 1:
         raise ValueError(
-            f"configure_optimizers returned {len(optimizers)} optimizers: {describe(result)}. The Trainer supports "
-            "one optimizer today. Use one optimizer with a parameter group per part, e.g. torch.optim.Adam(["
-            "{'params': self.a.parameters()}, {'params': self.b.parameters(), 'lr': 1e-4}]), or, for alternating "
-            "updates such as a GAN, write the loop by hand with fittrain.Accelerator, preparing both optimizers.")
+            f"configure_optimizers returned {len(optimizers)} optimizers: {describe(result)}. Automatic optimization "
+            "steps one optimizer. For several, stepped in turn (a GAN), set `self.automatic_optimization = False` in "
+            "the module's __init__ and step them in training_step with self.optimizers() and self.manual_backward("
+            "loss) (docs: 'Manual optimization'); or use one optimizer with a parameter group per part, e.g. "
+            "torch.optim.Adam([{'params': self.a.parameters()}, {'params': self.b.parameters(), 'lr': 1e-4}]).")
     if len(items) > 2:
         raise TypeError(f"configure_optimizers must return {_FORMS}. Received {len(items)} items: {describe(result)}.")
     return items[0], (items[1] if len(items) == 2 else None), None

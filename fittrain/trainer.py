@@ -24,6 +24,8 @@ from .callback_states import CallbackStates
 from .checkpoint.latest import latest_checkpoint, load_newest
 from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
 from .events import Callback, EventDispatcher, check_callbacks
+from .manual import ManualOptimization
+from .manual_config import check_automatic_optimization, parse_manual_optimizers
 from .module import TrainModule
 from .parallel import check_strategy
 from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
@@ -147,6 +149,11 @@ class Trainer:
         self.model: nn.Module | None = None
         self.optimizer: Any = None
         self.scheduler: Any = None
+        # Every prepared optimizer and scheduler: [optimizer] in automatic optimization; in manual
+        # optimization (fittrain/manual.py) what self.optimizers() and self.lr_schedulers() return.
+        self.optimizers: list[Any] = []
+        self.schedulers: list[Any] = []
+        self._manual: ManualOptimization | None = None
         self.train_loader: Any = None
         self.val_loader: Any = None
         self.lr_schedule = Schedule()  # steps the scheduler at the loop's fixed points (fittrain/schedules.py)
@@ -216,8 +223,21 @@ class Trainer:
 
     def _train_batch(self, batch: Any) -> bool:
         """Trains on one batch; True when a validation after its step decided to stop training."""
-        acc, fire = self.accelerator, self.events.fire
+        fire = self.events.fire
         fire("on_train_batch_start", self)
+        # _automatic_step below, or ManualOptimization.train_batch (fittrain/manual.py): chosen in _setup.
+        stepped = self._train_step(batch)
+        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome, and a
+        # resume from it continues with the next batch instead of validating again.
+        stop = False
+        if stepped and self._val_step_interval and self.state.global_step % self._val_step_interval == 0:
+            stop = self._validate_mid_epoch()
+        fire("on_train_batch_end", self)
+        return stop
+
+    def _automatic_step(self, batch: Any) -> bool:
+        """Forward, backward and, at the end of an accumulation window, the optimizer step; True if it stepped."""
+        acc, fire = self.accelerator, self.events.fire
         stepped = False
         with acc.accumulate(self.model):
             with acc.autocast():
@@ -241,13 +261,7 @@ class Trainer:
                     stepped = True
             else:
                 warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
-        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome, and a
-        # resume from it continues with the next batch instead of validating again.
-        stop = False
-        if stepped and self._val_step_interval and self.state.global_step % self._val_step_interval == 0:
-            stop = self._validate_mid_epoch()
-        fire("on_train_batch_end", self)
-        return stop
+        return stepped
 
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""
@@ -337,15 +351,11 @@ class Trainer:
     # ----------------------------------------------------------------- setup and resume
     def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: pathlib.Path | None) -> None:
         acc = self.accelerator
-        optimizer, scheduler_config = parse_optimizers(module)
-        self.model, self.optimizer = acc.prepare(module, optimizer)
+        self._prepare_optimization(module, val_loader is not None)
         self.train_loader = acc.prepare_data_loader(train_loader)
         # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._run_step = make_step_runner(self.model, module)
-        self.lr_schedule = make_schedule(scheduler_config, acc, val_loader is not None, self.val_every_n_epochs,
-                                         self.val_every_n_steps)
-        self.scheduler = self.lr_schedule.scheduler
         self.val_loader = evaluation.prepare_loader(self, val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
@@ -362,6 +372,23 @@ class Trainer:
         # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
         acc.print(f"Resumed from {loaded}: epoch {self.state.epoch}, optimizer step {self.state.global_step}, "
                   f"{self.train_loader.position.batches_consumed} batches into the epoch.")
+
+    def _prepare_optimization(self, module: TrainModule, validates: bool) -> None:
+        """Prepares the module with its optimizers and schedulers, and picks the batch function."""
+        acc = self.accelerator
+        if not check_automatic_optimization(module):  # training_step steps them itself: fittrain/manual.py
+            optimizers, schedulers = parse_manual_optimizers(module)
+            self.model, *prepared = acc.prepare(module, *optimizers)
+            self._manual = ManualOptimization(self, prepared, schedulers)
+            self.optimizers, self.schedulers = self._manual.optimizers, self._manual.schedulers
+            self.optimizer, self.scheduler = self.optimizers[0], next(iter(self.schedulers), None)
+            self.lr_schedule, self._train_step = Schedule(), self._manual.train_batch
+            return
+        optimizer, config = parse_optimizers(module)
+        self.model, self.optimizer = acc.prepare(module, optimizer)
+        self.lr_schedule = make_schedule(config, acc, validates, self.val_every_n_epochs, self.val_every_n_steps)
+        self.scheduler, self._manual, self._train_step = self.lr_schedule.scheduler, None, self._automatic_step
+        self.optimizers, self.schedulers = [self.optimizer], [self.scheduler] if self.scheduler else []
 
     def _resolve_resume(self) -> pathlib.Path | None:
         if self.resume_from is None:

@@ -58,6 +58,9 @@ CASES = {
              (r"the checkpoint holds the EMA state: \d+ tensors", r"continued from the checkpoint: True"), 1),
         Case("char_lm.py", (("--smoke",),),
              (r"text: the Zen of Python, \d+ characters", r"sample:\nBeautiful is "), 1),
+        Case("gan.py", (("--smoke",),),
+             (r"1 process\(es\), \d+ steps, 2 optimizers: g_loss \d", r"distance to the nearest mode: \d",
+              r"checkpoints \(both optimizers inside\): outputs/gan_smoke/checkpoints"), 1),
         Case("streaming.py", (("--smoke", "--num-workers", "2"),),
              (r"simulated kill after step \d+", r"step +\d+ +epoch 1 +train_loss \d.* val_loss \d",
               r"final weights equal to the uninterrupted run's \(torch\.equal\): True",
@@ -150,6 +153,32 @@ def test_example_runs(script: str, results: dict[str, tuple[int, str]]) -> None:
 
 if __name__ == "__main__":
     drive(json.loads(sys.argv[1]))
+
+
+def test_gan_example_runs_on_two_processes(tmp_path: pathlib.Path) -> None:
+    """examples/gan.py under torchrun on 2 gloo processes (DDP): manual optimization with two
+    optimizers averages each optimizer's gradients across the processes."""
+    import socket
+    import signal
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FITTRAIN_STRATEGY"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                             str(port), str(EXAMPLES / "gan.py"), "--smoke"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, output[-3000:]
+    assert re.search(r"2 process\(es\), \d+ steps, 2 optimizers", output), output[-3000:]
+    assert re.search(r"distance to the nearest mode: [\d.]+ before training, [\d.]+ after", output), output[-3000:]
 
 
 def test_what_the_examples_write_is_ignored_by_git() -> None:

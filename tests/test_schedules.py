@@ -107,11 +107,11 @@ def test_configure_optimizers_forms_are_read_into_a_config(form, expected):
     assert (config.interval, config.frequency, config.monitor, config.strict, config.name) == expected
 
 
-def test_several_optimizers_are_still_refused_with_the_existing_message():
+def test_several_optimizers_are_refused_in_automatic_optimization_pointing_to_manual():
     def two(o: torch.optim.Optimizer) -> tuple:
         return o, torch.optim.Adam(o.param_groups[0]["params"])
 
-    with pytest.raises(ValueError, match="2 optimizers.*one optimizer today"):
+    with pytest.raises(ValueError, match="2 optimizers.*automatic_optimization = False"):
         parse_optimizers(Net(two))
 
 
