@@ -1,4 +1,5 @@
-"""Logger: TensorBoard scalars and a tqdm progress bar, written by the main process only."""
+"""Logger: metrics, learning rates and hyperparameters to experiment trackers (TensorBoard by
+default), one folder per run, and tqdm progress bars; written by the main process only."""
 
 from __future__ import annotations
 
@@ -8,85 +9,165 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from fittrain.events import Callback
+from fittrain.events import Callback, short_repr
+from fittrain.trackers.base import NoOpTracker, RunInfo
+from fittrain.trackers.registry import check_kwargs, open_trackers, resolve_trackers
+from fittrain.trackers.runs import check_run_name, new_run_name, trainer_hparams
+from fittrain.trackers.tensorboard import TensorBoardTracker
 from fittrain.trainer_parts import length_of
 
 if TYPE_CHECKING:
     from fittrain.trainer import Trainer
 
 
-def _check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"`Logger({name}=...)` must be True or False. Received: {name}={value!r}.")
+def _check_flag(name: str, value: Any, optional: bool = False) -> bool | None:
+    if not isinstance(value, bool) and not (optional and value is None):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ValueError(f"`Logger({name}=...)` must be {allowed}. Received: {name}={value!r}.")
     return value
 
 
+def _with_tensorboard(specs: list[Any], tensorboard: bool | None) -> list[Any]:
+    """`tensorboard=False` removes TensorBoard from the trackers, True adds it, None leaves them."""
+    if tensorboard is False:
+        return [spec for spec in specs if spec is not TensorBoardTracker]
+    if tensorboard and TensorBoardTracker not in specs:
+        return [TensorBoardTracker, *specs]
+    return specs
+
+
 class Logger(Callback):
-    """Writes metrics, learning rate and throughput to TensorBoard and shows a progress bar per epoch.
+    """Writes metrics, learning rates, throughput and hyperparameters to experiment trackers, and
+    shows a progress bar per epoch and per validation.
+
+    Each run writes into its own folder, `{log_dir}/{run name}` (TensorBoard then shows one curve
+    per run), through the trackers of `log_with` (`fittrain.trackers`: "tensorboard", "csv",
+    "jsonl", "wandb", "mlflow", or tracker instances). The run name is saved in checkpoints, so a
+    resumed run continues its run's folder; what the interrupted run wrote after its checkpoint
+    is replaced by what the resumed run writes again (TensorBoard's purge step). A new run first
+    records its hyperparameters: the Trainer's arguments, the module's `hparams` dict if it has
+    one, and `hparams`.
 
     Every `every_n_steps` optimizer steps it writes every metric of `trainer.state.metrics`
-    (the tag is the metric's name, the step is `global_step`), `lr` (and `lr/group_{i}` when the
-    optimizer has several parameter groups) and `throughput/steps_per_sec` and
-    `throughput/samples_per_sec`, measured since the previous logging point. The training metrics
-    are also written before each validation and at the end of the fit, so short runs are logged
-    too. Validation metrics are written once, when validation ends, at the current `global_step`
-    (a validation in the middle of an epoch, with `Trainer(val_every_n_steps=...)`, is written
-    at its step like one at an epoch end). For a stream, which has no length, the bar counts
-    batches without a total.
+    (the name is the metric's, the step is `global_step`), the learning rate and
+    `throughput/steps_per_sec` and `throughput/samples_per_sec`, measured since the previous
+    logging point. The learning rate is `lr` (and `lr/group_{i}` when the optimizer has several
+    parameter groups); with several optimizers it is `lr/opt_{i}` (and `lr/opt_{i}/group_{j}`),
+    by their position in `configure_optimizers`. The training metrics are also written before
+    each validation and at the end of the fit, so short runs are logged too. Validation metrics
+    are written once, when validation ends, at the current `global_step`, and are not repeated
+    at later training points (nor are the metrics a resumed run restored from its checkpoint).
 
     Per batch it only advances the bar and compares the step with `every_n_steps`: metrics are
     read (a device sync each) at logging points only, and the bar redraws at most ten times a
     second. On other processes than the main one it does nothing.
 
     Args:
-        log_dir: The TensorBoard folder. Default: the Accelerator's `logging_dir`, which is
-            `{project_dir}/logs`.
+        log_dir: The folder holding the run folders. Default: the Accelerator's `logging_dir`,
+            which is `{project_dir}/logs`.
         every_n_steps: Optimizer steps between logging points.
-        tensorboard: Write TensorBoard event files.
-        progress_bar: Show a tqdm bar with loss, lr and it/s.
+        tensorboard: Shortcut kept from earlier versions: False removes TensorBoard from
+            `log_with`, True adds it, None (the default) leaves `log_with` as given.
+        progress_bar: Show tqdm bars (loss, lr, it/s; a transient one during validation).
+        log_with: The trackers: "all", a name, a `LoggerType`, a tracker instance, or a list.
+        run_name: This run's name (letters, digits, '.', '_', '-'). Default: the start time,
+            `run_2026-12-01_06-30-05` (with `_2`, ... if taken). A new run reusing a name
+            replaces that run's points.
+        hparams: More hyperparameters to record (they win over the Trainer's of the same name).
+        project_name: The project for wandb and the experiment for mlflow. Default: the name of
+            the project folder.
+        init_kwargs: Keyword arguments per tracker name, e.g. `{"wandb": {"entity": "team"}}`.
 
     Raises:
-        ValueError: for `every_n_steps` that is not a positive integer, or a flag that is not a bool.
+        ValueError: for `every_n_steps` that is not a positive integer, a flag that is not a bool,
+            an unknown tracker name or a bad `run_name`.
+        TypeError: for `hparams` that is not a dict, or `log_with`/`init_kwargs` of the wrong type.
+        ImportError: for a tracker whose package is not installed (naming the pip extra).
 
     Example:
-        >>> Trainer(callbacks=[Logger(every_n_steps=50)], project_dir="runs/a").fit(module, loader)
-        >>> # then: tensorboard --logdir runs/a/logs
+        >>> Trainer(callbacks=[Logger(log_with=["tensorboard", "csv"])], project_dir="runs/a").fit(module, loader)
+        >>> # then: tensorboard --logdir runs/a/logs ; runs/a/logs/run_.../metrics.csv
     """
 
-    def __init__(self, log_dir: str | os.PathLike | None = None, every_n_steps: int = 10, tensorboard: bool = True,
-                 progress_bar: bool = True) -> None:
+    def __init__(self, log_dir: str | os.PathLike | None = None, every_n_steps: int = 10,
+                 tensorboard: bool | None = None, progress_bar: bool = True, log_with: Any = "tensorboard",
+                 run_name: str | None = None, hparams: dict[str, Any] | None = None, project_name: str | None = None,
+                 init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"`Logger(every_n_steps=...)` must be a positive integer. "
                              f"Received: every_n_steps={every_n_steps!r}.")
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise ValueError(f"`Logger(log_dir=...)` must be a folder path or None. Received: log_dir={log_dir!r}.")
+        if hparams is not None and not isinstance(hparams, dict):
+            raise TypeError(f"`Logger(hparams=...)` must be a dict or None. Received: hparams={short_repr(hparams)} "
+                            f"({type(hparams).__name__}). Pass e.g. hparams={{'lr': 3e-4, 'batch_size': 32}}.")
+        if project_name is not None and not isinstance(project_name, str):
+            raise TypeError(f"`Logger(project_name=...)` must be a str or None. Received: project_name="
+                            f"{short_repr(project_name)}.")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.every_n_steps = every_n_steps
-        self.tensorboard = _check_flag("tensorboard", tensorboard)
+        self.tensorboard = _check_flag("tensorboard", tensorboard, optional=True)
         self.progress_bar = _check_flag("progress_bar", progress_bar)
-        # Until on_fit_start decides otherwise, the logger is silent: a disabled bar, no writer.
+        self.log_with = _with_tensorboard(resolve_trackers(log_with, "Logger(log_with=...)"), self.tensorboard)
+        self.run_name = check_run_name(run_name)
+        self.hparams = hparams
+        self.project_name = project_name
+        self.init_kwargs = check_kwargs(init_kwargs, self.log_with, "Logger(init_kwargs=...)")
+        # Until on_fit_start decides otherwise, the logger is silent: disabled bars, no trackers.
         self._active = False
         self._show_bar = False
-        self._writer: Any = None
+        self.trackers: list[Any] = []  # this run's trackers (NoOpTrackers on other processes)
+        self._writers: list[Any] = []  # their log_scalars, called at every logging point
+        self._run: RunInfo | None = None
+        self._trainer: Any = None
+        self._restored_run: str | None = None  # the run name a resumed checkpoint holds
         self._bar = tqdm(disable=True)
+        self._val_bar = tqdm(disable=True)
         self._postfix: dict[str, str] = {}
         self._before_validation: dict[str, Any] = {}
-        self._validation_values: dict[str, Any] = {}
+        self._written: dict[str, Any] = {}  # metric values written already (by identity): not repeated
+        self._at_step: tuple[int, dict[str, float]] = (-1, {})  # the last step written, and its points
+        self._replay: tuple[int, dict[str, float]] | None = None  # a resumed run's step and its saved points
         self._last_step = 0
         self._mark = (0.0, 0)  # (perf_counter time, global_step) at the last logging point
         self._batches = 0  # batches since that point
 
     # ----------------------------------------------------------------- lifecycle
     def on_fit_start(self, trainer: "Trainer") -> None:
-        """Opens the TensorBoard writer on the main process."""
+        """Decides what this process shows and writes; the run starts with the first epoch, once a
+        resumed checkpoint has told which run this is."""
         is_main = trainer.accelerator.is_main_process
-        self._active = is_main and (self.tensorboard or self.progress_bar)
+        self._active = is_main and (bool(self.log_with) or self.progress_bar)
         self._show_bar = is_main and self.progress_bar
-        self._writer = self._open_writer(trainer) if is_main and self.tensorboard else None
-        self._postfix, self._validation_values = {}, {}
+        self._trainer = trainer  # for state_dict, which a checkpoint calls without it
+        self._run, self._restored_run, self._restored_points = None, None, (-1, {})
+        self._postfix, self._written, self._replay = {}, {}, None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's name, so that a resumed run continues the same run's folder, and the points
+        written at the checkpoint's step.
+
+        The training point of the checkpoint's step is written first if it was not yet: a resume
+        that replays this step (its epoch-end validation) then rewrites exactly what was there.
+        """
+        if self._run is None:
+            return {}
+        trainer = self._trainer
+        if self._active and trainer is not None and trainer.state.global_step != self._last_step:
+            self._log_training(trainer, trainer.state.global_step)
+        at, points = self._at_step
+        return {"run_name": self._run.name, "step": at, "points": dict(points)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Remembers the resumed run's name (unless `run_name` was given) and its last points."""
+        name = state.get("run_name")
+        self._restored_run = name if isinstance(name, str) else None
+        self._restored_points = (int(state.get("step", -1)), dict(state.get("points", {})))
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
-        """Starts this epoch's progress bar and the throughput clock."""
+        """Starts the run at the first epoch; starts this epoch's progress bar and the throughput clock."""
+        if self._run is None:
+            self._start_run(trainer)
         self._bar.close()
         loader = trainer.train_loader
         # A resumed epoch continues after the batches its checkpoint had consumed.
@@ -108,22 +189,31 @@ class Logger(Callback):
         self._log_training(trainer, step)
 
     def on_validation_start(self, trainer: "Trainer") -> None:
-        """Logs the training metrics reached so far, then remembers which metric values exist."""
+        """Logs the training metrics reached so far, remembers which metric values exist, and
+        starts the validation bar."""
         if not self._active:
             return
+        loader = trainer.val_loader
+        self._val_bar = tqdm(total=length_of(loader) if loader is not None else None, desc="Validation",
+                             leave=False, mininterval=0.1, dynamic_ncols=True, disable=not self._show_bar)
         if trainer.state.global_step != self._last_step:
             self._log_training(trainer, trainer.state.global_step)
         trainer.state.raw_metrics.as_floats()  # converts pending tensors in place, so identities stay stable
         self._before_validation = dict(trainer.state.raw_metrics)
 
+    def on_validation_batch_end(self, trainer: "Trainer") -> None:
+        """Advances the validation bar."""
+        self._val_bar.update()
+
     def on_validation_end(self, trainer: "Trainer") -> None:
         """Writes the metrics this validation produced and shows them on the bar."""
+        self._val_bar.close()
         if not self._active:
             return
         # Validation stores new float objects; anything else in the metrics is the same object as before.
         raw = trainer.state.raw_metrics
         fresh = {name: value for name, value in raw.items() if self._before_validation.get(name) is not value}
-        self._validation_values = fresh
+        self._written.update(fresh)
         scalars = {name: float(value) for name, value in fresh.items()}
         self._write(scalars, trainer.state.global_step, flush=True)  # a live TensorBoard then sees each validation
         self._postfix.update({name: f"{value:.4g}" for name, value in scalars.items()})
@@ -144,32 +234,73 @@ class Logger(Callback):
         self._close()
 
     # ----------------------------------------------------------------- helpers
-    def _open_writer(self, trainer: "Trainer") -> "_ScalarWriter":
-        folder = self.log_dir or trainer.accelerator.logging_dir or os.path.join(trainer.project_dir, "logs")
-        return _ScalarWriter(folder)
+    def _start_run(self, trainer: "Trainer") -> None:
+        """Names the run, opens its trackers and, for a new run, records its hyperparameters."""
+        acc = trainer.accelerator
+        logs_dir = self.log_dir or acc.logging_dir or os.path.join(trainer.project_dir, "logs")
+        name = self.run_name or self._restored_run or new_run_name(logs_dir)
+        # A fit that starts past step 0 was resumed: its points after the checkpoint are replayed, and
+        # replace the interrupted run's. A new run reusing a folder's name starts that run over.
+        step = trainer.state.global_step
+        resumed = step > 0
+        existing = os.path.isdir(os.path.join(logs_dir, name))
+        purge = step + 1 if resumed else (0 if existing else None)
+        saved_step, saved_points = self._restored_points
+        self._replay = (step, saved_points if saved_step == step else {}) if resumed else None
+        self._at_step = (-1, {})
+        project = self.project_name or os.path.basename(os.path.abspath(acc.project_dir or trainer.project_dir))
+        self._run = run = RunInfo(logs_dir, name, project or "fittrain", purge)
+        self.trackers = open_trackers(self.log_with, acc.is_main_process,
+                                      lambda cls, kwargs: cls.for_run(run, **kwargs), self.init_kwargs)
+        live = [tracker for tracker in self.trackers if not isinstance(tracker, NoOpTracker)]
+        self._writers = [getattr(tracker, "log_scalars", None) or tracker.log for tracker in live]
+        if live and not resumed:
+            hparams = trainer_hparams(trainer, self.hparams)
+            for tracker in live:
+                tracker.store_init_configuration(hparams)
+        # What a resumed run restored was written by the interrupted run: not again.
+        self._written = dict(trainer.state.raw_metrics)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """This run's tracker called `name` (with `unwrap`, its underlying object), as
+        `Accelerator.get_tracker`; a NoOpTracker on other processes.
+
+        Raises:
+            ValueError: when no tracker of this run has that name (or the run has not started).
+        """
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"Logger.get_tracker({name!r}): this run has no tracker of that name. Its trackers: "
+                         f"{[t.name for t in self.trackers]} (none before the first epoch starts).")
 
     def _log_training(self, trainer: "Trainer", step: int) -> None:
         now = time.perf_counter()
         metrics = trainer.state.metrics  # the device syncs happen here, at logging points only
         raw = trainer.state.raw_metrics
-        # Validation metrics were written when validation ended; repeating them every n steps adds stale points.
-        stale = self._validation_values
-        scalars = {name: value for name, value in metrics.items() if name not in stale or raw[name] is not stale[name]}
+        # Validation metrics were written when validation ended (and a resumed run's restored ones by the run
+        # before): repeating them every n steps would add stale points.
+        old = self._written
+        scalars = {name: value for name, value in metrics.items() if name not in old or raw[name] is not old[name]}
         scalars.update(self._learning_rates(trainer))
         scalars.update(self._throughput(trainer, step, now))
         self._write(scalars, step)
         if "train_loss" in scalars:
             self._postfix["loss"] = f"{scalars['train_loss']:.4g}"
-        self._postfix["lr"] = f"{scalars['lr']:.3g}"
+        lr = scalars.get("lr", scalars.get("lr/opt_0"))
+        if lr is not None:
+            self._postfix["lr"] = f"{lr:.3g}"
         self._bar.set_postfix(self._postfix, refresh=False)
         self._last_step = step
 
     @staticmethod
     def _learning_rates(trainer: "Trainer") -> dict[str, float]:
-        groups = trainer.optimizer.param_groups
-        rates = {"lr": float(groups[0]["lr"])}
-        if len(groups) > 1:
-            rates.update({f"lr/group_{i}": float(group["lr"]) for i, group in enumerate(groups)})
+        optimizers = getattr(trainer, "optimizers", None) or [trainer.optimizer]
+        if len(optimizers) == 1:
+            return _group_rates(optimizers[0], "lr")
+        rates: dict[str, float] = {}
+        for i, optimizer in enumerate(optimizers):
+            rates.update(_group_rates(optimizer, f"lr/opt_{i}"))
         return rates
 
     def _throughput(self, trainer: "Trainer", step: int, now: float) -> dict[str, float]:
@@ -190,48 +321,56 @@ class Logger(Callback):
         self._batches = 0
 
     def _write(self, scalars: dict[str, float], step: int, flush: bool = False) -> None:
-        if self._writer is not None:
-            self._writer.write(scalars, step, flush)
+        if self._replay is not None:
+            self._settle_replay(step)
+        at, points = self._at_step
+        if at != step:
+            self._at_step = (step, points := {})
+        points.update(scalars)
+        for write in self._writers:
+            write(scalars, step)
+        if flush:
+            for tracker in self.trackers:
+                getattr(tracker, "flush", _nothing)()
+
+    def _settle_replay(self, step: int) -> None:
+        """At a resumed run's first write: when it writes the checkpoint's step again (an epoch-end
+        validation that ran after the save), the points at that step are replaced: purged, then
+        the ones written before the save are rewritten from the checkpoint."""
+        replay_step, points = self._replay
+        self._replay = None
+        if step != replay_step:
+            return
+        for tracker in self.trackers:
+            purge = getattr(tracker, "purge", None)
+            if purge is not None and not isinstance(tracker, NoOpTracker):
+                purge(step)
+        if points:
+            self._write(points, step)
 
     def _close(self) -> None:
         self._bar.close()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._val_bar.close()
+        self._active, self._trainer = False, None
+        trackers, self.trackers, self._writers = self.trackers, [], []
+        for tracker in trackers:
+            if not isinstance(tracker, NoOpTracker):
+                tracker.finish()
 
     def __repr__(self) -> str:
-        return (f"Logger(log_dir={self.log_dir!r}, every_n_steps={self.every_n_steps}, "
-                f"tensorboard={self.tensorboard}, progress_bar={self.progress_bar})")
+        names = [getattr(spec, "name", "?") for spec in self.log_with]
+        return (f"Logger(log_dir={self.log_dir!r}, every_n_steps={self.every_n_steps}, log_with={names}, "
+                f"run_name={self.run_name!r}, progress_bar={self.progress_bar})")
 
 
-class _ScalarWriter:
-    """A TensorBoard event file that takes all the scalars of one logging point as one event.
+def _group_rates(optimizer: Any, prefix: str) -> dict[str, float]:
+    """`prefix`: the first parameter group's learning rate; `{prefix}/group_{i}`: each group's, when several."""
+    groups = optimizer.param_groups
+    rates = {prefix: float(groups[0]["lr"])}
+    if len(groups) > 1:
+        rates.update({f"{prefix}/group_{i}": float(group["lr"]) for i, group in enumerate(groups)})
+    return rates
 
-    torch's `SummaryWriter.add_scalar` builds and queues one event per scalar, through several
-    layers; a logging point writes five or more, and on a small CPU that cost about 1 ms. One
-    event holding every value, written with tensorboard's own `EventFileWriter`, costs a quarter
-    of that and reads back the same (each value is a scalar under its tag).
 
-    Args:
-        folder: The log folder; created if missing.
-    """
-
-    def __init__(self, folder: str) -> None:
-        # Imported here: tensorboard takes a noticeable time to import, which tensorboard=False should not pay.
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        self._event, self._summary = Event, Summary
-        self._file = EventFileWriter(folder)
-
-    def write(self, scalars: dict[str, float], step: int, flush: bool = False) -> None:
-        """Appends one event with every scalar at `step`; `flush` pushes it to disk now."""
-        values = [self._summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
-        self._file.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
-        if flush:
-            self._file.flush()
-
-    def close(self) -> None:
-        """Flushes and closes the file."""
-        self._file.close()
+def _nothing() -> None:
+    """A flush for trackers that have none."""

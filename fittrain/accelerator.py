@@ -3,8 +3,8 @@
 A thin facade. Process facts live in `state`, precision in `precision`, wrappers in `optim`
 and `data`, model wrapping in `parallel`, collectives in `collectives` and the checkpoint
 layout in `checkpoint`. This class wires them together for one run and keeps no global state;
-its multi-process helpers (`process_methods`) and checkpoint methods (`checkpoint_methods`) are
-mixins in modules of their own.
+its multi-process helpers (`process_methods`), checkpoint methods (`checkpoint_methods`) and
+experiment trackers (`tracking_methods`) are mixins in modules of their own.
 
 Example:
     >>> accelerator = Accelerator()
@@ -39,6 +39,8 @@ from .precision import AutocastForward, check_precision, make_precision
 from .process_methods import ProcessMethods
 from .state import DistributedType, ProcessState
 from .sync import GradientState
+from .trackers.registry import resolve_trackers
+from .tracking_methods import TrackingMethods
 
 _Scheduler = torch.optim.lr_scheduler.LRScheduler
 
@@ -49,7 +51,7 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
-class Accelerator(ProcessMethods, CheckpointMethods):
+class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
     """Runs a PyTorch training loop on one or many processes, in mixed precision if asked.
 
     Args:
@@ -65,13 +67,15 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         strategy: "auto" or "ddp" (DistributedDataParallel when >1 process) or "fsdp" (FSDP2).
         fsdp_classes: Module classes to wrap with `fully_shard` under "fsdp"; default: every child
             that holds parameters.
+        log_with: Experiment trackers for `init_trackers`/`log`: "all", a name ("tensorboard", "csv",
+            "jsonl", "wandb", "mlflow"), a `LoggerType`, a tracker instance, or a list (`fittrain.trackers`).
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
                  device_placement: bool = True, split_batches: bool = False, even_batches: bool = True,
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
-                 fsdp_classes: Iterable[type] | None = None) -> None:
+                 fsdp_classes: Iterable[type] | None = None, log_with: Any = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
@@ -97,6 +101,7 @@ class Accelerator(ProcessMethods, CheckpointMethods):
         self.even_batches = even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
+        self.log_with = resolve_trackers(log_with)  # resolved now: a misspelt name fails before training
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
@@ -421,9 +426,10 @@ class Accelerator(ProcessMethods, CheckpointMethods):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Waits for a checkpoint still being written, then leaves the process group so the script
-        can exit cleanly (also when that write failed, whose error is then raised)."""
+        """Finishes the trackers, waits for a checkpoint still being written, then leaves the process
+        group so the script can exit cleanly (also when that write failed, whose error is then raised)."""
         try:
+            self._finish_trackers()
             if self._background_checkpoints is not None:
                 self._background_checkpoints.close()
         finally:

@@ -208,10 +208,10 @@ def test_logger_writes_val_loss_at_mid_epoch_steps(tmp_path):
         def on_validation_end(self, trainer: Trainer) -> None:
             values.append(trainer.state.metrics["val_loss"])
 
-    logger = Logger(every_n_steps=100, progress_bar=False)
+    logger = Logger(every_n_steps=100, progress_bar=False, run_name="run")
     Trainer(callbacks=[logger, Keep()], max_epochs=2, val_every_n_steps=3, project_dir=tmp_path).fit(
         make_module(), make_loader(), make_loader())
-    scalars = _scalars(tmp_path / "logs")
+    scalars = _scalars(tmp_path / "logs" / "run")
     assert [step for step, _ in scalars["val_loss"]] == [3, 6]  # no point at the epoch ends (4, 8)
     assert [value for _, value in scalars["val_loss"]] == pytest.approx(values, rel=1e-6)
     # The training metrics are written before each validation and at the end of the fit.

@@ -13,8 +13,11 @@ from fittrain.callbacks import GradClip, Logger
 
 
 def _scalars(folder: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar under `folder` as {tag: [(step, value), ...]}, read with tensorboard's reader."""
-    events = EventAccumulator(str(folder))
+    """Every scalar of the one run under `folder` (each run writes to `folder/<run name>`) as
+    {tag: [(step, value), ...]}, read with tensorboard's reader."""
+    runs = [path for path in folder.iterdir() if path.is_dir()]
+    assert len(runs) == 1, f"expected one run folder under {folder}, found {runs}"
+    events = EventAccumulator(str(runs[0]))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
@@ -131,7 +134,7 @@ def test_an_exception_closes_the_writer_and_keeps_what_was_logged(make_module, m
     with pytest.raises(RuntimeError, match="boom"):
         _fit(module, make_loader, tmp_path, logger)
     assert [step for step, _ in _scalars(tmp_path / "logs")["train_loss"]] == [1, 2, 3]
-    assert logger._writer is None
+    assert logger.trackers == []  # finished and let go
 
 
 @pytest.mark.parametrize("kwargs, received", [
