@@ -32,6 +32,7 @@ from .data import BatchesShard
 from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
+from .compile import check_dynamo_backend, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .launch_config import launch_defaults
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -67,6 +68,10 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         strategy: "auto" or "ddp" (DistributedDataParallel when >1 process) or "fsdp" (FSDP2).
         fsdp_classes: Module classes to wrap with `fully_shard` under "fsdp"; default: every child
             that holds parameters.
+        dynamo_backend: A torch.compile backend ("inductor", "eager", "aot_eager", ...; Accelerate's
+            upper-case names too) to compile prepared models with; None or "no": no compile. The
+            forward is compiled in place, so parameter names and checkpoints stay those of the plain
+            model (`fittrain.compile`). For other torch.compile options set `compile_options`.
         log_with: Experiment trackers for `init_trackers`/`log`: "all", a name ("tensorboard", "csv",
             "jsonl", "wandb", "mlflow"), a `LoggerType`, a tracker instance, or a list (`fittrain.trackers`).
     """
@@ -75,7 +80,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
                  device_placement: bool = True, split_batches: bool = False, even_batches: bool = True,
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
-                 fsdp_classes: Iterable[type] | None = None, log_with: Any = None) -> None:
+                 fsdp_classes: Iterable[type] | None = None, dynamo_backend: str | None = None,
+                 log_with: Any = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
@@ -101,6 +107,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         self.even_batches = even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
+        # torch.compile's keyword options for models prepared from now on; None: no compile.
+        self.compile_options: dict[str, Any] | None = check_dynamo_backend(dynamo_backend)
         self.log_with = resolve_trackers(log_with)  # resolved now: a misspelt name fails before training
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -295,13 +303,17 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         if self.device_placement:
             model = model.to(self.device)
-        before = list(model.named_parameters())
+        before = list(parallel.unwrap(model).named_parameters())  # names as unwrap gives them after
         wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes)
         after = dict(parallel.unwrap(wrapped).named_parameters())
         # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
         for name, old in before:
             if name in after and after[name] is not old:
                 self._replaced_parameters.record(old, after[name])
+        if self.compile_options is not None:
+            # Inside the precision wrapper, which then autocasts around the compiled code.
+            for target in compile_targets(parallel.unwrap(wrapped)):
+                compile_forward(target, self.compile_options)
         self.precision.wrap_forward(wrapped)
         return self._register(self._models, wrapped)
 
@@ -361,14 +373,31 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         return self.precision.autocast()
 
     # ----------------------------------------------------------------- models and saving
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """Returns the user's module from inside DDP, optionally removing the autocast forward."""
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
+        """Returns the user's module from inside DDP, optionally removing the autocast forward
+        (`keep_fp32_wrapper=False`) or the compiled one (`keep_torch_compile=False`), in place."""
         if not keep_fp32_wrapper:
             for candidate in (model, parallel.unwrap(model)):
                 forward = candidate.__dict__.get("forward")
                 if isinstance(forward, AutocastForward):
-                    del candidate.forward
+                    # A compiled forward under the wrapper stays; the class's own forward needs no attribute.
+                    if getattr(forward.original, "__self__", None) is candidate:
+                        del candidate.forward
+                    else:
+                        candidate.forward = forward.original
+        if not keep_torch_compile:
+            self._remove_compile(parallel.unwrap(model))
         return parallel.unwrap(model)
+
+    @staticmethod
+    def _remove_compile(model: nn.Module) -> None:
+        for module in model.modules():  # under FSDP2 each sharded unit was compiled
+            forward = module.__dict__.get("forward")
+            if isinstance(forward, AutocastForward):  # the fp32 wrapper stays, around the plain forward
+                forward.original = uncompiled(forward.original)
+            else:
+                remove_compiled_forward(module)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict (gathered from every rank under FSDP2; call it on all)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import warnings
 import weakref
 from typing import Any, ContextManager, Iterable, Sequence
@@ -150,11 +151,23 @@ def wrap_model(model: nn.Module, state: ProcessState, strategy: str,
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
+def _optimized_module_type() -> type | None:
+    # What torch.compile(model) returns. Looked up, never imported: importing torch._dynamo costs
+    # about a second, and while nothing imported it no model can have been compiled.
+    return getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """Returns the user's module from inside DDP (FSDP2 shards in place, so it is already it)."""
-    while isinstance(model, DistributedDataParallel):
-        model = model.module
-    return model
+    """Returns the user's module from inside DDP and torch.compile's `OptimizedModule` (FSDP2
+    shards in place, so it is already it); its state_dict keys have no `module.` or `_orig_mod.`."""
+    optimized = _optimized_module_type()
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif optimized is not None and isinstance(model, optimized):
+            model = model._orig_mod
+        else:
+            return model
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from .data import check_batches
 from .callback_states import CallbackStates
 from .checkpoint.latest import latest_checkpoint, load_newest
 from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
+from .compile import check_compile, use_compile
 from .events import Callback, EventDispatcher, check_callbacks
 from .manual import ManualOptimization
 from .manual_config import check_automatic_optimization, parse_manual_optimizers
@@ -112,6 +113,10 @@ class Trainer:
         val_every_n_steps: Validate every n-th optimizer step instead, in the middle of an epoch,
             right after that step (Lightning's `val_check_interval`); there is then no validation
             at epoch ends. Exclusive with `val_every_n_epochs`.
+        compile: Compile the module's forward with torch.compile: True with its defaults, or a dict
+            of its keyword options (backend, mode, fullgraph, dynamic, options, disable). Parameter
+            names and checkpoints stay those of the plain module. Applies to a given `accelerator`
+            too; an accelerator built with `dynamo_backend` compiles even with compile=False.
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -123,7 +128,7 @@ class Trainer:
                  project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
                  val_every_n_epochs: int | None = None, strategy: str = "auto",
                  accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
-                 val_every_n_steps: int | None = None) -> None:
+                 val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False) -> None:
         self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
         self.max_steps = check_count("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
@@ -133,6 +138,7 @@ class Trainer:
         check_path("resume_from", resume_from, optional=True)
         check_path("project_dir", project_dir)
         check_accelerator(accelerator)
+        compile_options = check_compile(compile)
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.events = EventDispatcher(check_callbacks(callbacks))
@@ -143,6 +149,7 @@ class Trainer:
                 gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
                 strategy=check_strategy(strategy),
                 project_config=ProjectConfiguration(self.project_dir, automatic_checkpoint_naming=True))
+        use_compile(accelerator, compile_options)
         self.accelerator = accelerator
         self.state = TrainState()
         self.module: TrainModule | None = None

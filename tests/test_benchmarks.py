@@ -60,6 +60,7 @@ CASES = [
     pytest.param(Case("checkpoint", ("--mb", "8", "--repeats", "1"), False), id="checkpoint"),
     pytest.param(Case("ddp", ("--steps", "4", "--rounds", "1"), False), id="ddp"),
     pytest.param(Case("gpu", ("--device", "cpu", "--quick"), True), id="gpu-on-cpu"),
+    pytest.param(Case("compile", ("--smoke",), True, ("Trainer, compiled",)), id="compile"),
     pytest.param(Case("startup", ("--rounds", "1", "--warmup", "0", "--steps", "2", "--explain", "always"), True,
                       ("import fittrain, Trainer.fit | wall", "import fittrain, Trainer.fit | cpu")), id="startup"),
 ]
