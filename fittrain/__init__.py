@@ -8,6 +8,8 @@ from typing import Any
 
 from .accelerator import Accelerator
 from .checkpoint import CheckpointError, ProjectConfiguration
+from .configuration import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
 from .events import Callback, Event
 from .module import TrainModule
 from .partial_state import PartialState
@@ -15,8 +17,10 @@ from .state import DistributedType
 from .trainer import Trainer, TrainState
 
 __all__ = [
-    "Accelerator", "Callback", "CheckpointError", "DistributedType", "Event", "PartialState", "ProjectConfiguration",
-    "TrainModule", "TrainState", "Trainer", "find_executable_batch_size", "skip_first_batches",
+    "Accelerator", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs", "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs", "PartialState", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
+    "find_executable_batch_size", "skip_first_batches",
 ]
 
 

@@ -34,7 +34,10 @@ from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
 from .compile import check_dynamo_backend, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
-from .launch_config import launch_defaults
+from .compat_methods import CompatMethods
+from .configuration import InitProcessGroupKwargs, resolve_options
+from .data.seedable import with_seedable_sampler
+from .launch_config import dynamo_default, launch_defaults
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .precision import AutocastForward, check_precision, make_precision
 from .process_methods import ProcessMethods
@@ -52,7 +55,7 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
-class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
+class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMethods):
     """Runs a PyTorch training loop on one or many processes, in mixed precision if asked.
 
     Args:
@@ -74,6 +77,13 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
             model (`fittrain.compile`). For other torch.compile options set `compile_options`.
         log_with: Experiment trackers for `init_trackers`/`log`: "all", a name ("tensorboard", "csv",
             "jsonl", "wandb", "mlflow"), a `LoggerType`, a tracker instance, or a list (`fittrain.trackers`).
+        dataloader_config: Accelerate's `DataLoaderConfiguration` (split_batches, even_batches,
+            use_seedable_sampler, data_seed, non_blocking); see `fittrain.configuration`.
+        gradient_accumulation_plugin: Accelerate's `GradientAccumulationPlugin` (num_steps,
+            sync_with_dataloader, sync_each_batch, adjust_scheduler), instead of `gradient_accumulation_steps`.
+        kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`, `InitProcessGroupKwargs`.
+        rng_types: Accelerate's random generators to synchronise: None or ["generator"] (what every
+            prepared loader does); others are refused.
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
@@ -81,12 +91,15 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
                  fsdp_classes: Iterable[type] | None = None, dynamo_backend: str | None = None,
-                 log_with: Any = None) -> None:
+                 log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None,
+                 kwargs_handlers: Any = None, rng_types: Any = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
         mixed_precision = check_precision(mixed_precision)
         _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+        options = resolve_options(split_batches, even_batches, gradient_accumulation_steps, dataloader_config,
+                                  gradient_accumulation_plugin, kwargs_handlers, rng_types)
         self.strategy = parallel.resolve_strategy(strategy)
         if project_config is not None and not isinstance(project_config, ProjectConfiguration):
             raise TypeError(
@@ -99,16 +112,25 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
-        self.state = ProcessState.from_environment(cpu=cpu)
-        self.precision = make_precision(mixed_precision, self.state.device)
-        self.gradient_state = GradientState(num_steps=gradient_accumulation_steps)
+        group = options.process_group or InitProcessGroupKwargs()
+        self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
+                                                   init_method=group.init_method)
+        self._scaler_arguments = options.scaler.scaler_arguments() if options.scaler else None
+        self.precision = make_precision(mixed_precision, self.state.device, self._scaler_arguments)
+        accumulation = options.accumulation
+        self.gradient_state = GradientState(num_steps=accumulation.num_steps,
+                                            sync_with_dataloader=accumulation.sync_with_dataloader,
+                                            adjust_scheduler=accumulation.adjust_scheduler)
+        self.gradient_accumulation_plugin = accumulation
+        self.dataloader_config = options.data
+        self.ddp_handler = options.ddp
         self.device_placement = device_placement
-        self.split_batches = split_batches
-        self.even_batches = even_batches
+        self.split_batches = options.data.split_batches
+        self.even_batches = options.data.even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
         # torch.compile's keyword options for models prepared from now on; None: no compile.
-        self.compile_options: dict[str, Any] | None = check_dynamo_backend(dynamo_backend)
+        self.compile_options: dict[str, Any] | None = check_dynamo_backend(dynamo_default(dynamo_backend))
         self.log_with = resolve_trackers(log_with)  # resolved now: a misspelt name fails before training
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -119,44 +141,9 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
 
     # ----------------------------------------------------------------- facts
     @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
-
-    @property
-    def num_processes(self) -> int:
-        """How many processes take part."""
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        """This process's global rank."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """This process's rank on its node."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """Whether this is global rank 0."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """Whether this is rank 0 on its node."""
-        return self.state.is_local_main_process
-
-    @property
     def distributed_type(self) -> DistributedType:
         """NO, MULTI_CPU, MULTI_GPU or FSDP."""
         return self.state.distributed_type(self.strategy)
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether more than one process takes part."""
-        return self.state.is_distributed
 
     @property
     def mixed_precision(self) -> str:
@@ -168,7 +155,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         if self._models:
             raise RuntimeError("Set mixed_precision before prepare(): prepared models already use "
                                f"{self.precision.name!r}.")
-        self.precision = make_precision(check_precision(value), self.state.device)
+        self.precision = make_precision(check_precision(value), self.state.device, self._scaler_arguments)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -247,19 +234,23 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
             return data_loader
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
+        shard: PositionedSource
         if isinstance(data_loader, DataLoader) and isinstance(data_loader.dataset, IterableDataset):
-            return self._register(self._dataloaders, self._prepare_stream(data_loader, place, even))
-        if not isinstance(data_loader, DataLoader):
-            shard: PositionedSource = BatchesShard(
-                data_loader, self.device if place else None, self.gradient_state, self.num_processes,
-                self.process_index, even)
+            shard = self._prepare_stream(data_loader, place, even)
+        elif not isinstance(data_loader, DataLoader):
+            shard = BatchesShard(data_loader, self.device if place else None, self.gradient_state,
+                                 self.num_processes, self.process_index, even)
             self._check_same_length(len(data_loader), "batches")
-            return self._register(self._dataloaders, shard)
-        # Every pass draws the user's order from rank 0's RNG state, broadcast once per epoch.
-        shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
-                                self.num_processes, self.process_index, self.split_batches, even,
-                                share=lambda obj: collectives.broadcast_object(obj, self.state))
-        self._check_same_length(*shard.length_check)
+        else:
+            if self.dataloader_config.use_seedable_sampler:
+                data_loader = with_seedable_sampler(data_loader, self.dataloader_config.data_seed)
+            # Every pass draws the user's order from rank 0's RNG state, broadcast once per epoch.
+            shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
+                                    self.num_processes, self.process_index, self.split_batches, even,
+                                    share=lambda obj: collectives.broadcast_object(obj, self.state))
+            self._check_same_length(*shard.length_check)
+        # Pinned memory copies asynchronously anyway; DataLoaderConfiguration(non_blocking=True) always.
+        shard._non_blocking = shard._non_blocking or self.dataloader_config.non_blocking
         return self._register(self._dataloaders, shard)
 
     def _check_same_length(self, length: int, unit: str) -> None:
@@ -304,7 +295,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         if self.device_placement:
             model = model.to(self.device)
         before = list(parallel.unwrap(model).named_parameters())  # names as unwrap gives them after
-        wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes)
+        wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes, self.ddp_handler)
         after = dict(parallel.unwrap(wrapped).named_parameters())
         # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
         for name, old in before:
@@ -331,7 +322,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods):
         closes on the last batch of a prepared loader.
         """
         self.gradient_state.begin_batch()
-        if self.gradient_state.sync_gradients or not models:
+        if self.gradient_state.sync_gradients or not models or self.gradient_accumulation_plugin.sync_each_batch:
             # The common case (every sync step, and every step without accumulation) enters no
             # context at all: this runs once per batch, so it must cost next to nothing.
             return contextlib.nullcontext()

@@ -211,3 +211,10 @@ def launch_defaults(mixed_precision: str | None, gradient_accumulation_steps: in
         gradient_accumulation_steps = int(value)
     cpu = cpu or os.environ.get(USE_CPU_ENV, "").strip().lower() in ("1", "true", "yes")
     return mixed_precision, gradient_accumulation_steps, cpu
+
+
+def dynamo_default(backend: Any) -> Any:
+    """`Accelerator(dynamo_backend=None)` takes what `fittrain launch --dynamo_backend` exported."""
+    if backend is None:
+        return os.environ.get(DYNAMO_BACKEND_ENV, "").strip() or None
+    return backend

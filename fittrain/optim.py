@@ -118,7 +118,13 @@ class AcceleratedScheduler:
         if self.step_with_optimizer:
             linked = self.stepping_optimizer
             skipped = self.gradient_state.step_was_skipped if linked is None else linked.step_was_skipped
-            if not self.gradient_state.sync_gradients or skipped:
+            if not self.gradient_state.sync_gradients:
+                if self.gradient_state.adjust_scheduler:
+                    # As Accelerate: the scheduler's call count follows the batches (torch warns on
+                    # a count that lags the optimizer's); the schedule itself waits for a real step.
+                    self.scheduler._step_count = getattr(self.scheduler, "_step_count", 0) + 1
+                return
+            if skipped:
                 return
             for _ in range(self.steps_per_call):
                 self.scheduler.step(*args, **kwargs)

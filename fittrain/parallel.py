@@ -118,7 +118,7 @@ def _shard(model: nn.Module, state: ProcessState, classes: tuple[type, ...] | No
 
 
 def wrap_model(model: nn.Module, state: ProcessState, strategy: str,
-               fsdp_classes: tuple[type, ...] | None = None) -> nn.Module:
+               fsdp_classes: tuple[type, ...] | None = None, ddp_kwargs: Any = None) -> nn.Module:
     """Wraps `model` for `strategy` when more than one process runs; returns it as is otherwise.
 
     Args:
@@ -127,6 +127,7 @@ def wrap_model(model: nn.Module, state: ProcessState, strategy: str,
         strategy: "auto" or "ddp" for DistributedDataParallel, "fsdp" for FSDP2.
         fsdp_classes: Module classes to shard under FSDP2; default: every module that holds
             parameters directly. The root is always sharded last.
+        ddp_kwargs: A `DistributedDataParallelKwargs` (DDP's arguments and communication hook), or None.
 
     Returns:
         The wrapped module (DDP), the same module sharded in place (FSDP2), or `model`.
@@ -148,7 +149,11 @@ def wrap_model(model: nn.Module, state: ProcessState, strategy: str,
     if not any(p.requires_grad for p in model.parameters()):
         return model  # DDP refuses modules with nothing to train, e.g. a frozen teacher.
     device_ids = [state.device.index] if state.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    if ddp_kwargs is None:
+        return DistributedDataParallel(model, device_ids=device_ids)
+    wrapped = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs.ddp_arguments())
+    ddp_kwargs.register_comm_hook(wrapped)
+    return wrapped
 
 
 def _optimized_module_type() -> type | None:

@@ -118,9 +118,9 @@ class ScaledPrecision(AutocastPrecision):
     Whether a step was skipped is read per optimizer from the scaler's inf checks.
     """
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, device_type: str, **scaler_arguments: Any) -> None:
         super().__init__(device_type, torch.float16, "fp16")
-        self.scaler = torch.amp.GradScaler(device_type)
+        self.scaler = torch.amp.GradScaler(device_type, **scaler_arguments)
         # GradScaler refuses a second unscale_ per step; clipping and step() may both ask.
         self._unscaled: set[int] = set()
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -204,11 +204,12 @@ def check_precision(value: Any, argument: str = "mixed_precision") -> str:
     return value
 
 
-def make_precision(mode: str | None, device: torch.device) -> FullPrecision:
-    """Builds the precision object for `mode` ("no", "fp16" or "bf16") on `device`."""
+def make_precision(mode: str | None, device: torch.device, scaler_arguments: dict[str, Any] | None = None) -> FullPrecision:
+    """Builds the precision object for `mode` ("no", "fp16" or "bf16") on `device`; fp16's loss
+    scaler takes `scaler_arguments` (`torch.amp.GradScaler`'s, from GradScalerKwargs)."""
     mode = check_precision(mode)
     if mode == "fp16":
-        return ScaledPrecision(device.type)
+        return ScaledPrecision(device.type, **(scaler_arguments or {}))
     if mode == "bf16":
         return AutocastPrecision(device.type, torch.bfloat16, "bf16")
     return FullPrecision()

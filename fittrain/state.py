@@ -122,7 +122,8 @@ class ProcessState:
     backend: str | None
 
     @classmethod
-    def from_environment(cls, cpu: bool = False, timeout: datetime.timedelta | None = None) -> "ProcessState":
+    def from_environment(cls, cpu: bool = False, timeout: datetime.timedelta | None = None,
+                         backend: str | None = None, init_method: str | None = None) -> "ProcessState":
         """Reads torchrun's variables and joins the process group when there is more than one process.
 
         The group is joined once per process: gloo on the CPU, nccl on CUDA, where each process
@@ -133,6 +134,9 @@ class ProcessState:
             cpu: Force the CPU even when an accelerator is present.
             timeout: How long collectives wait for a peer before failing; default:
                 `collective_timeout()` (FITTRAIN_COLLECTIVE_TIMEOUT or 30 minutes).
+            backend: "gloo" or "nccl" for a group joined here; default: nccl on CUDA, else gloo.
+            init_method: torch's rendezvous URL for a group joined here; default: torchrun's
+                MASTER_ADDR and MASTER_PORT.
 
         Returns:
             The state of this process.
@@ -144,16 +148,18 @@ class ProcessState:
         rank = _env_int("RANK", 0)
         local_rank = _env_int("LOCAL_RANK", 0)
         device = _pick_device(cpu, local_rank)
-        backend = None
+        chosen, backend = backend, None
         if dist.is_available() and dist.is_initialized():
             # A user (or a test harness) already joined a group: adopt it rather than fight it.
             world_size, rank, backend = dist.get_world_size(), dist.get_rank(), dist.get_backend()
         elif world_size > 1:
-            _check_rendezvous(world_size, rank)
-            backend = "nccl" if device.type == "cuda" else "gloo"
+            if init_method is None:
+                _check_rendezvous(world_size, rank)
+            backend = chosen or ("nccl" if device.type == "cuda" else "gloo")
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend=backend, timeout=timeout or collective_timeout())
+            dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout or collective_timeout(),
+                                    world_size=world_size, rank=rank)
             # The group fittrain made is destroyed before the interpreter finalizes, even if the
             # script never calls end_training(): see fittrain.teardown for the crash this avoids.
             atexit.register(leave_process_group)

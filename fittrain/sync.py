@@ -47,6 +47,8 @@ class GradientState:
     sync_gradients: bool = True
     step_was_skipped: bool = False
     batches_seen: int = 0
+    sync_with_dataloader: bool = True  # a loader's last batch closes the window (GradientAccumulationPlugin)
+    adjust_scheduler: bool = True
     _passes: list[LoaderFlags] = dataclasses.field(default_factory=list, repr=False)
 
     @property
@@ -86,9 +88,11 @@ class GradientState:
     def begin_batch(self) -> None:
         """Counts one batch and decides whether it ends an accumulation window.
 
-        A window also closes on the loader's last batch, so no gradient is left behind.
+        A window also closes on the loader's last batch, so no gradient is left behind (unless
+        `sync_with_dataloader` is False: the window then carries over into the next pass).
         """
         self.batches_seen += 1
-        self.sync_gradients = self.batches_seen % self.num_steps == 0 or self.end_of_dataloader
-        if self.end_of_dataloader:
+        ends_data = self.end_of_dataloader and self.sync_with_dataloader
+        self.sync_gradients = self.batches_seen % self.num_steps == 0 or ends_data
+        if ends_data:
             self.batches_seen = 0

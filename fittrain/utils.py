@@ -25,13 +25,18 @@ from tqdm.auto import tqdm as _tqdm
 
 from . import collectives
 from .checkpoint.naming import ProjectConfiguration
+from .configuration import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
 from .data.devices import send_to_device as _send_to_device
 from .partial_state import PartialState
 from .state import DistributedType
+from .trackers.registry import LoggerType
 
-__all__ = ["DistributedType", "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size",
-           "gather", "gather_object", "pad_across_processes", "reduce", "send_to_device", "set_seed",
-           "skip_first_batches", "tqdm"]
+__all__ = ["DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
+           "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType",
+           "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
+           "gather_object", "pad_across_processes", "reduce", "send_to_device", "set_seed", "skip_first_batches",
+           "tqdm"]
 
 # What an out-of-memory failure says, on each device kind (CPU allocations fail with the last one).
 _OOM_MESSAGES = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",

@@ -13,7 +13,7 @@ after n batches without loading them (`skipping.SkippedDataLoader`: `skip_first_
 
 Modules: position (DataPosition, PositionedSource: the per-batch bookkeeping); map_style
 (DataLoaderShard); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks,
-replayed on resume); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks);
+replayed on resume); seedable (use_seedable_sampler: an order from data_seed + epoch); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks);
 streams (StreamShard: worker order, look-ahead, pass state); stream_workers (RankStream: the
 rounds read in each worker); stream_state (which streams resume from their own state); batches
 (BatchesShard); skipping (SkippedDataLoader); workers (per-batch seeding in DataLoader workers);

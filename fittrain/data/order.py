@@ -34,6 +34,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
+from .seedable import seedable_samplers
+
 #: What a capture holds besides the RNG states, saved in checkpoints (weights_only).
 _FIELDS = ("epoch", "base_seed", "drew_base_seed")
 
@@ -84,6 +86,7 @@ class EpochOrder:
         self.share, self.is_main = share, is_main
         self.captured: dict[str, Any] | None = None
         self._base_seed: int | None = None  # persistent workers: drawn on the first pass only
+        self._seedable = seedable_samplers(loader)  # use_seedable_sampler: the order follows the epoch
 
     def draw(self, epoch: int, replay: bool) -> tuple[int, list[Any]]:
         """Returns the pass's base seed and its order (index batches, or keys for batch_size=None).
@@ -91,6 +94,8 @@ class EpochOrder:
         `replay` continues epoch `epoch`: its captured state is set again when there is one, and
         every RNG and sampler is put back afterwards, as if nothing had been drawn.
         """
+        for sampler in self._seedable:
+            sampler.set_epoch(epoch)
         resuming = replay and self.captured is not None and self.captured["epoch"] == epoch
         state = self.captured if resuming else self._capture()
         if not resuming and self.share is not None:

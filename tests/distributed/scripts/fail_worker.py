@@ -5,6 +5,7 @@ raise: rank 1 prints the time and raises while rank 0 waits in a barrier that ca
     waiting.
 stall: rank 1 stays alive but never joins rank 0's all-reduce. Rank 0's collective must fail
     after FITTRAIN_COLLECTIVE_TIMEOUT; it reports how long it waited and exits 7.
+stall_kwargs: the same, with the timeout (3 s) from Accelerate's InitProcessGroupKwargs instead.
 uneven: each rank passes a dataset of another length, to `prepare` and then (as a list of
     batches) to `Trainer.fit`. Both must fail at once on every rank, naming both lengths, instead
     of hanging in the first collective the shorter rank never reaches; the worker prints each
@@ -13,6 +14,7 @@ uneven: each rank passes a dataset of another length, to `prepare` and then (as 
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
 
@@ -21,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Trainer, TrainModule
+from fittrain.utils import InitProcessGroupKwargs
 
 STALL_EXIT_CODE = 7
 UNEVEN_EXIT_CODE = 8
@@ -52,7 +55,8 @@ def uneven(accelerator: Accelerator) -> int:
 
 
 def main(mode: str) -> int:
-    accelerator = Accelerator()
+    handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=3))] if mode == "stall_kwargs" else None
+    accelerator = Accelerator(kwargs_handlers=handlers)
     if mode == "uneven":
         return uneven(accelerator)
     if mode == "raise":
