@@ -300,6 +300,12 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable
     if owner is None:
         optimizer.load_state_dict(state_dict)
         return
+    if not state_dict.get("state"):
+        # A stateless optimizer (plain SGD) has nothing to shard, and torch's loader cannot tell the
+        # device of an empty state: set the groups' hyperparameters (lr, ...) directly, in order.
+        for group, saved in zip(_inner(optimizer).param_groups, state_dict.get("param_groups", ())):
+            group.update({key: value for key, value in saved.items() if key != "params"})
+        return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(owner, _inner(optimizer), state_dict, options=StateDictOptions(full_state_dict=True))
