@@ -114,7 +114,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             self.project_configuration.set_directories(project_dir)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
-                                                   init_method=group.init_method)
+                                                   init_method=group.init_method, strategy=self.strategy)
         self._scaler_arguments = options.scaler.scaler_arguments() if options.scaler else None
         self.precision = make_precision(mixed_precision, self.state.device, self._scaler_arguments)
         accumulation = options.accumulation
@@ -125,8 +125,6 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         self.dataloader_config = options.data
         self.ddp_handler = options.ddp
         self.device_placement = device_placement
-        self.split_batches = options.data.split_batches
-        self.even_batches = options.data.even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
         # torch.compile's keyword options for models prepared from now on; None: no compile.
@@ -143,7 +141,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
     @property
     def distributed_type(self) -> DistributedType:
         """NO, MULTI_CPU, MULTI_GPU or FSDP."""
-        return self.state.distributed_type(self.strategy)
+        return self.state.distributed_type
 
     @property
     def mixed_precision(self) -> str:
@@ -251,6 +249,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             self._check_same_length(*shard.length_check)
         # Pinned memory copies asynchronously anyway; DataLoaderConfiguration(non_blocking=True) always.
         shard._non_blocking = shard._non_blocking or self.dataloader_config.non_blocking
+        shard.resumes_itself = self.dataloader_config.use_stateful_dataloader
         return self._register(self._dataloaders, shard)
 
     def _check_same_length(self, length: int, unit: str) -> None:

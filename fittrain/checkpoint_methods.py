@@ -104,6 +104,7 @@ class CheckpointMethods:
                              "automatic_checkpoint_naming=True. Received: output_dir=None.")
         else:
             target = pathlib.Path(output_dir)
+            self._check_same_folder(target)
         try:
             if async_save and self._background_checkpoints is None:
                 self._background_checkpoints = BackgroundCheckpoints(self.state)
@@ -121,6 +122,22 @@ class CheckpointMethods:
                 reserved.release()  # does nothing once the folder is committed
             raise
         return os.fspath(target)
+
+    def _check_same_folder(self, target: pathlib.Path) -> None:
+        """Refuses a save to different folders on different processes (one small gather).
+
+        A checkpoint is one folder that every process writes its files into and the main process
+        commits; a process writing elsewhere would find no folder to write into.
+        """
+        if not self.state.is_distributed:
+            return
+        folders = collectives.gather_object(os.path.abspath(target), self.state)
+        if len(set(folders)) > 1:
+            listed = ", ".join(f"process {rank}: {folder!r}" for rank, folder in enumerate(folders))
+            raise ValueError(f"save_state() got a different output_dir on each process ({listed}). A checkpoint is one "
+                             "folder, shared by every process (each writes its own files into it, the main process "
+                             "commits it): pass the same path everywhere, on a file system all processes see, or use "
+                             "ProjectConfiguration(automatic_checkpoint_naming=True).")
 
     def wait_for_checkpoint(self) -> None:
         """Blocks until the checkpoint that `save_state(async_save=True)` is writing is complete.

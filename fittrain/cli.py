@@ -99,6 +99,9 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"exported as {DYNAMO_BACKEND_ENV}, the default of Accelerator(dynamo_backend=...)")
     launch.add_argument("--cpu", action="store_true", default=False,
                         help=f"train on the CPU even with GPUs present (exported as {USE_CPU_ENV})")
+    launch.add_argument("--debug", action="store_true", default=False,
+                        help="collectives check that every process passes the same shapes first (exported as "
+                             "ACCELERATE_DEBUG_MODE): a clear error instead of a hang")
     launch.add_argument("--gpu_ids", default=None, metavar="IDS",
                         help="comma-separated GPUs to use on this machine (exported as CUDA_VISIBLE_DEVICES)")
     launch.add_argument("--num_cpu_threads_per_process", type=int, default=None, metavar="N",

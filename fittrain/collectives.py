@@ -2,18 +2,57 @@
 
 Every function takes the `ProcessState` of its Accelerator; with one process they return their
 input (or a copy) without touching torch.distributed.
+
+Shapes that differ between processes make a reduction or broadcast fail deep inside the backend
+(gloo aborts the process). In Accelerate's debug mode (ACCELERATE_DEBUG_MODE, `PartialState().debug
+= True`, `fittrain launch --debug`) `reduce` and `broadcast` first compare the shapes every process
+passes, one small gather, and raise `DistributedOperationException` naming them.
+`pad_across_processes` always compares them (it gathers the sizes anyway).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from .state import ProcessState
+
+
+class DistributedOperationException(Exception):
+    """A collective cannot run: the processes passed tensors of different shapes (Accelerate's name)."""
+
+
+def _debug() -> bool:
+    return os.environ.get("ACCELERATE_DEBUG_MODE", "").strip().lower() in ("1", "true", "yes")
+
+
+def _shapes(obj: Any) -> Any:
+    """The nested structure of `obj` with each tensor replaced by its shape, for comparing across processes."""
+    if isinstance(obj, torch.Tensor):
+        return tuple(obj.shape)
+    if isinstance(obj, dict):
+        return {k: _shapes(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_shapes(v) for v in obj]
+    return type(obj).__name__
+
+
+def _verify_same_shapes(operation: str, data: Any, state: ProcessState) -> None:
+    """In debug mode, raises DistributedOperationException unless every process passes the same shapes."""
+    if not _debug():
+        return
+    shapes = gather_object(_shapes(data), state)
+    if any(shape != shapes[0] for shape in shapes):
+        listed = "\n  - ".join(f"Process {rank}: {shape}" for rank, shape in enumerate(shapes))
+        raise DistributedOperationException(
+            f"Cannot apply {operation}: the processes passed tensors of different shapes, and every process must "
+            f"pass the same.\n\nOperation: `{operation}`\nInput shapes:\n  - {listed}")
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
@@ -129,6 +168,8 @@ def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float 
         raise ValueError(f"`reduction` must be one of {', '.join(repr(r) for r in _REDUCE_OPS)}. "
                          f"Received: reduction={reduction!r}.")
     op = _REDUCE_OPS[reduction]
+    if state.is_distributed and op is not None:
+        _verify_same_shapes("reduce", data, state)
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
@@ -151,6 +192,7 @@ def broadcast(data: Any, state: ProcessState, from_process: int = 0) -> Any:
     """
     if not state.is_distributed:
         return data
+    _verify_same_shapes("broadcast", data, state)
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
         dist.broadcast(tensor, src=from_process)
@@ -189,9 +231,18 @@ def pad_across_processes(data: Any, state: ProcessState, dim: int = 0, pad_index
         return data
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
+        # Every process gathers, whatever its shape: one skipping the gather would hang the others.
+        shapes = gather_object(tuple(tensor.shape), state)
+        others = [s[:dim] + s[dim + 1:] for s in shapes] if tensor.ndim > dim else shapes
+        if any(len(s) != tensor.ndim for s in shapes) or any(o != others[0] for o in others):
+            listed = "\n  - ".join(f"Process {rank}: {shape}" for rank, shape in enumerate(shapes))
+            raise DistributedOperationException(
+                f"Cannot pad across processes along dim {dim}: the tensors must have the same number of dimensions "
+                f"and the same sizes in every other dimension.\n\nOperation: `pad_across_processes`\nInput shapes:"
+                f"\n  - {listed}")
         if tensor.ndim == 0 or dim >= tensor.ndim:
             return tensor
-        longest = max(gather_object(tensor.shape[dim], state))
+        longest = max(s[dim] for s in shapes)
         if tensor.shape[dim] == longest:
             return tensor
         shape = list(tensor.shape)
@@ -204,7 +255,8 @@ def pad_across_processes(data: Any, state: ProcessState, dim: int = 0, pad_index
 
 @contextlib.contextmanager
 def split_between_processes(inputs: Any, state: ProcessState, apply_padding: bool = False) -> Iterator[Any]:
-    """Yields this process's contiguous share of a list, tuple, tensor or dict of those.
+    """Yields this process's contiguous share of a list, tuple, tensor, Hugging Face Dataset (rows,
+    with `select`) or dict of those.
 
     Shares differ by at most one element; with `apply_padding` the last element is repeated so
     all shares have equal length (gather then needs no uneven handling).
@@ -221,8 +273,13 @@ def split_between_processes(inputs: Any, state: ProcessState, apply_padding: boo
         per, extra = divmod(length, n)
         start = rank * per + min(rank, extra)
         end = start + per + (1 if rank < extra else 0)
-        part = seq[start:end]
         want = math.ceil(length / n)
+        if _is_hf_dataset(seq):  # slicing gives a dict of columns: select rows instead, as Accelerate does
+            rows = list(range(start, end))
+            if apply_padding and len(rows) < want and length:
+                rows += [length - 1] * (want - len(rows))
+            return seq.select(rows)
+        part = seq[start:end]
         if apply_padding and len(part) < want and length:
             pad = seq[-1:] * (want - len(part)) if not isinstance(seq, torch.Tensor) else seq[-1:].repeat(
                 (want - len(part),) + (1,) * (seq.ndim - 1))
@@ -233,3 +290,9 @@ def split_between_processes(inputs: Any, state: ProcessState, apply_padding: boo
         yield {k: share(v) for k, v in inputs.items()}
     else:
         yield share(inputs)
+
+
+def _is_hf_dataset(seq: Any) -> bool:
+    """Whether `seq` is a Hugging Face `datasets.Dataset` (looked up, never imported)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(seq, datasets.Dataset)

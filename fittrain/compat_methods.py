@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .data import BatchesShard, StreamShard
 from .state import ProcessState
 
 
@@ -94,6 +95,11 @@ class CompatMethods:
             even_batches: Overrides `even_batches` of the prepared loaders inside the block; pass
                 False so that each process really sees only its own share.
         """
+        if even_batches is not None and any(isinstance(loader, StreamShard) for loader in self._dataloaders):
+            warnings.warn("Overriding even_batches is only supported for map-style datasets (a DataLoader over a "
+                          "Dataset, or a list of batches); the prepared loaders over an IterableDataset keep "
+                          "padding their last round, so every process takes the same number of steps.",
+                          UserWarning, stacklevel=3)
         with self._even_batches_as(even_batches):
             if not self.state.is_distributed:
                 yield
@@ -118,17 +124,38 @@ class CompatMethods:
             raise TypeError(f"`even_batches` must be True, False or None. Received: even_batches={even_batches!r:.80}.")
         dealers = [getattr(loader, "dealer", None) for loader in self._dataloaders]
         dealers = [d for d in dealers if d is not None and hasattr(d, "pads")]
-        saved = [d.pads for d in dealers]
+        lists = [loader for loader in self._dataloaders if isinstance(loader, BatchesShard)]
+        saved = [d.pads for d in dealers], [b.even_batches for b in lists]
         for dealer in dealers:
             # As each dealer computes it: a loader that drops its last round never pads.
             dealer.pads = even_batches and self.state.is_distributed and not getattr(dealer, "drop_last", False)
+        for batches in lists:
+            batches.even_batches = even_batches
         try:
             yield
         finally:
-            for dealer, pads in zip(dealers, saved):
+            for dealer, pads in zip(dealers, saved[0]):
                 dealer.pads = pads
+            for batches, even in zip(lists, saved[1]):
+                batches.even_batches = even
 
     # ----------------------------------------------------------------- views of the configuration
+    # Read from `dataloader_config` when a loader is prepared, so assigning a new
+    # DataLoaderConfiguration to `accelerator.dataloader_config` takes effect for later loaders.
+    @property
+    def split_batches(self) -> bool:
+        """`DataLoaderConfiguration.split_batches`."""
+        return self.dataloader_config.split_batches  # type: ignore[attr-defined]
+
+    @property
+    def even_batches(self) -> bool:
+        """`DataLoaderConfiguration.even_batches`."""
+        return self.dataloader_config.even_batches  # type: ignore[attr-defined]
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value  # type: ignore[attr-defined]
+
     @property
     def use_seedable_sampler(self) -> bool:
         """`DataLoaderConfiguration.use_seedable_sampler`."""

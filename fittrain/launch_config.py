@@ -26,11 +26,12 @@ MIXED_PRECISION_ENV = "ACCELERATE_MIXED_PRECISION"
 ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 DYNAMO_BACKEND_ENV = "ACCELERATE_DYNAMO_BACKEND"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"
+DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
 
 # `accelerate launch`'s flags that a config file can also set, each with its config key.
 # (`num_machines` and `machine_rank` are the flags' aliases of torchrun's `nnodes` and `node_rank`.)
 OVERRIDABLE = ("num_processes", "nnodes", "node_rank", "main_process_ip", "main_process_port",
-               "mixed_precision", "gpu_ids", "rdzv_backend", "dynamo_backend", "cpu", "strategy")
+               "mixed_precision", "gpu_ids", "rdzv_backend", "dynamo_backend", "cpu", "strategy", "debug")
 
 _STRATEGY_OF_TYPE = {"NO": None, "MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp"}
 # Keys `accelerate config` writes whose only value fittrain can honour is the one given here.
@@ -91,7 +92,7 @@ def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
         "distributed_type": lambda v: options.update(strategy=_strategy(v, path)),
         "mixed_precision": lambda v: options.update(mixed_precision=v),
         "use_cpu": lambda v: options.update(cpu=bool(v)),
-        "debug": lambda v: None,  # Accelerate's extra collective checks: fittrain's collectives always check
+        "debug": lambda v: options.update(debug=_same(v, True)),
         "num_processes": lambda v: options.update(num_processes=v) if v not in (None, -1) else None,
         "num_machines": lambda v: options.update(nnodes=v),
         "machine_rank": lambda v: options.update(node_rank=v),
@@ -133,6 +134,8 @@ def worker_environment(args: argparse.Namespace) -> dict[str, str]:
         env[DYNAMO_BACKEND_ENV] = args.dynamo_backend
     if args.cpu:
         env[USE_CPU_ENV] = "true"
+    if args.debug:
+        env[DEBUG_ENV] = "true"
     if args.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.gpu_ids
     if args.num_cpu_threads_per_process is not None:

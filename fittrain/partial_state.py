@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .launch_config import launch_defaults
+import os
+
+from .launch_config import DEBUG_ENV, MIXED_PRECISION_ENV, launch_defaults
+from .parallel import resolve_strategy
 from .process_methods import ProcessHelpers
 from .state import DistributedType, ProcessState
 
@@ -34,16 +37,34 @@ class PartialState(ProcessHelpers):
 
     def __init__(self, cpu: bool = False) -> None:
         _, _, cpu = launch_defaults(None, 1, cpu)
-        object.__setattr__(self, "state", ProcessState.from_environment(cpu=cpu))
+        object.__setattr__(self, "state", ProcessState.from_environment(cpu=cpu, strategy=self._strategy()))
+
+    @staticmethod
+    def _strategy() -> str:
+        return "ddp"  # FSDP is a property of an Accelerator's strategy, not of the processes
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "debug":  # the one setting: process-wide, as Accelerate's shared state has it
+            type(self).debug.fset(self, value)
+            return
         raise AttributeError(f"PartialState is a read-only view of the process facts; it cannot set {name!r}. "
                              "The facts come from torchrun's environment and the process group.")
 
     @property
+    def debug(self) -> bool:
+        """Accelerate's debug mode: collectives first check that every process passes the same
+        shapes, and raise `DistributedOperationException` instead of hanging or aborting. It is
+        process-wide (the environment variable ACCELERATE_DEBUG_MODE; `fittrain launch --debug`)."""
+        return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        os.environ[DEBUG_ENV] = "true" if value else "false"
+
+    @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU or MULTI_GPU (FSDP is a property of an Accelerator's strategy)."""
-        return self.state.distributed_type("ddp")
+        """NO, MULTI_CPU or MULTI_GPU (or FSDP for `AcceleratorState` under `--strategy fsdp`)."""
+        return self.state.distributed_type
 
     @property
     def backend(self) -> str | None:
@@ -55,6 +76,25 @@ class PartialState(ProcessHelpers):
         self.state.shutdown()
 
     def __repr__(self) -> str:
-        return (f"PartialState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+        return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, local_process_index={self.local_process_index}, "
                 f"device={self.device})")
+
+
+class AcceleratorState(PartialState):
+    """Accelerate's `AcceleratorState()`: `PartialState` plus the launch settings.
+
+    Accelerate's is a process-wide singleton that the Accelerator fills in; fittrain has no such
+    global, so this one reads what `fittrain launch` exported (`mixed_precision`, the strategy for
+    `distributed_type`). An Accelerator's own settings are on `accelerator.state` and the
+    Accelerator itself.
+    """
+
+    @staticmethod
+    def _strategy() -> str:
+        return resolve_strategy("auto")
+
+    @property
+    def mixed_precision(self) -> str:
+        """"no", "fp16" or "bf16", as `fittrain launch --mixed_precision` exported it."""
+        return os.environ.get(MIXED_PRECISION_ENV, "").strip().lower() or "no"

@@ -7,10 +7,12 @@ A single process is simply the world-size-1 case, so nothing above this module b
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import enum
 import os
 from dataclasses import dataclass
+from typing import Any, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,17 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     FSDP = "FSDP"
+    # Accelerate's other setups, which fittrain never runs: scripts compare with them.
+    DEEPSPEED = "DEEPSPEED"
+    MEGATRON_LM = "MEGATRON_LM"
+    XLA = "XLA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -113,6 +126,12 @@ class ProcessState:
         local_process_index: Rank on this node.
         device: The device this process computes on.
         backend: The torch.distributed backend in use, or None for one process.
+        strategy: How models are parallelised ("auto", "ddp" or "fsdp"): it names the setup
+            (`distributed_type`).
+
+    It also answers Accelerate's state questions (`accelerator.state.distributed_type`,
+    `wait_for_everyone()`, `split_between_processes`, ...), so scripts that use
+    `accelerator.state` as Accelerate's `AcceleratorState` run unchanged.
     """
 
     num_processes: int
@@ -120,10 +139,12 @@ class ProcessState:
     local_process_index: int
     device: torch.device
     backend: str | None
+    strategy: str = "auto"
 
     @classmethod
     def from_environment(cls, cpu: bool = False, timeout: datetime.timedelta | None = None,
-                         backend: str | None = None, init_method: str | None = None) -> "ProcessState":
+                         backend: str | None = None, init_method: str | None = None,
+                         strategy: str = "auto") -> "ProcessState":
         """Reads torchrun's variables and joins the process group when there is more than one process.
 
         The group is joined once per process: gloo on the CPU, nccl on CUDA, where each process
@@ -137,6 +158,7 @@ class ProcessState:
             backend: "gloo" or "nccl" for a group joined here; default: nccl on CUDA, else gloo.
             init_method: torch's rendezvous URL for a group joined here; default: torchrun's
                 MASTER_ADDR and MASTER_PORT.
+            strategy: The Accelerator's strategy, for `distributed_type`.
 
         Returns:
             The state of this process.
@@ -163,7 +185,7 @@ class ProcessState:
             # The group fittrain made is destroyed before the interpreter finalizes, even if the
             # script never calls end_training(): see fittrain.teardown for the crash this avoids.
             atexit.register(leave_process_group)
-        return cls(world_size, rank, local_rank, device, backend)
+        return cls(world_size, rank, local_rank, device, backend, strategy)
 
     @property
     def is_distributed(self) -> bool:
@@ -180,13 +202,54 @@ class ProcessState:
         """Whether this is rank 0 on its node."""
         return self.local_process_index == 0
 
-    def distributed_type(self, strategy: str) -> DistributedType:
-        """Accelerate's name for this setup under the given strategy."""
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the last global rank."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part (Accelerate's name)."""
+        return self.is_distributed
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name for this setup: NO, MULTI_CPU, MULTI_GPU or FSDP."""
         if not self.is_distributed:
             return DistributedType.NO
-        if strategy == "fsdp":
+        if self.strategy == "fsdp":
             return DistributedType.FSDP
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    def wait_for_everyone(self) -> None:
+        """Accelerate's name for `barrier`."""
+        self.barrier()
+
+    def destroy_process_group(self) -> None:
+        """Accelerate's name for `shutdown`."""
+        self.shutdown()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, on each node's main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
+        """A context that yields this process's share of `inputs` (see `collectives`)."""
+        from .collectives import split_between_processes  # collectives imports this module
+
+        return split_between_processes(inputs, self, apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Runs the block on the main process first, then on the others."""
+        if not self.is_main_process:
+            self.barrier()
+        yield
+        if self.is_main_process:
+            self.barrier()
+
+    local_main_process_first = main_process_first  # globally ordered, which also orders every node
 
     def barrier(self) -> None:
         """Waits until every process reaches this point; free with one process.
@@ -206,3 +269,17 @@ class ProcessState:
         """Leaves the process group, so the script exits cleanly. Safe to call twice."""
         if self.is_distributed:
             leave_process_group()
+
+
+def __getattr__(name: str) -> Any:
+    """Accelerate's `accelerate.state` names, for `from fittrain.state import ...`: `PartialState`,
+    `AcceleratorState` (fittrain/partial_state.py) and `GradientState` (fittrain/sync.py)."""
+    if name in ("PartialState", "AcceleratorState"):
+        from . import partial_state
+
+        return getattr(partial_state, name)
+    if name == "GradientState":
+        from .sync import GradientState
+
+        return GradientState
+    raise AttributeError(f"module 'fittrain.state' has no attribute {name!r}")

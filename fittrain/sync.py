@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -25,6 +26,7 @@ class LoaderFlags:
     end_of_dataloader: bool = False
     remainder: int = 0
     real_ranks: int = 0
+    loader: Any = None  # the prepared loader running the pass
 
 
 @dataclass
@@ -75,9 +77,14 @@ class GradientState:
         """Whether a pass of a prepared loader is running."""
         return bool(self._passes)
 
-    def begin_pass(self) -> LoaderFlags:
-        """Starts a pass of a prepared loader; it sets the returned flags as its batches go by."""
-        flags = LoaderFlags()
+    @property
+    def active_dataloader(self) -> Any:
+        """The prepared loader of the innermost running pass, or None (Accelerate's name)."""
+        return self._passes[-1].loader if self._passes else None
+
+    def begin_pass(self, loader: Any = None) -> LoaderFlags:
+        """Starts a pass of the prepared `loader`; it sets the returned flags as its batches go by."""
+        flags = LoaderFlags(loader=loader)
         self._passes.append(flags)
         return flags
 

@@ -23,7 +23,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm as _tqdm
 
+import importlib.util
+
 from . import collectives
+from .collectives import DistributedOperationException
 from .checkpoint.naming import ProjectConfiguration
 from .configuration import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
@@ -34,9 +37,11 @@ from .trackers.registry import LoggerType
 
 __all__ = ["DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
            "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType",
-           "ProjectConfiguration", "broadcast", "broadcast_object_list", "find_executable_batch_size", "gather",
-           "gather_object", "pad_across_processes", "reduce", "send_to_device", "set_seed", "skip_first_batches",
-           "tqdm"]
+           "ProjectConfiguration", "DistributedOperationException", "broadcast", "broadcast_object_list",
+           "find_executable_batch_size", "gather", "gather_object", "is_bf16_available", "is_datasets_available",
+           "is_fp16_available", "is_hpu_available", "is_mlflow_available", "is_tensorboard_available",
+           "is_torch_xla_available", "is_wandb_available", "pad_across_processes", "reduce", "send_to_device",
+           "set_seed", "skip_first_batches", "synchronize_rng_states", "tqdm", "wait_for_everyone"]
 
 # What an out-of-memory failure says, on each device kind (CPU allocations fail with the last one).
 _OOM_MESSAGES = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
@@ -71,6 +76,81 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> _tqdm:
     if main_process_only and not PartialState().is_local_main_process:
         kwargs["disable"] = True
     return _tqdm(*args, **kwargs)
+
+
+def wait_for_everyone() -> None:
+    """Blocks until every process reaches this line."""
+    PartialState().wait_for_everyone()
+
+
+def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
+    """Gives every process the main process's state of each generator in `rng_types`.
+
+    Args:
+        rng_types: "torch" (the global CPU generator), "cuda" (every CUDA device's), "generator"
+            (the `generator` passed).
+        generator: The generator for "generator".
+
+    Raises:
+        ValueError: for another name (xla, npu, ...), or "generator" without a generator.
+    """
+    state = PartialState().state
+    for kind in rng_types:
+        kind = getattr(kind, "value", kind)
+        if kind == "torch":
+            torch.set_rng_state(collectives.broadcast_object(torch.get_rng_state(), state))
+        elif kind == "cuda":
+            if torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(collectives.broadcast_object(torch.cuda.get_rng_state_all(), state))
+        elif kind == "generator" and generator is not None:
+            generator.set_state(collectives.broadcast_object(generator.get_state(), state))
+        else:
+            raise ValueError(f"`synchronize_rng_states` takes 'torch', 'cuda' and 'generator' (with a generator). "
+                             f"Received: {kind!r} (generator={generator!r:.40}).")
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """Whether bf16 works here: on CUDA when the GPU supports it; on the CPU always."""
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def is_fp16_available() -> bool:
+    """Whether fp16 works here (with its loss scaler): always, on CUDA and on the CPU."""
+    return True
+
+
+def is_hpu_available(*args: Any, **kwargs: Any) -> bool:
+    """Habana HPUs: fittrain does not run on them."""
+    return False
+
+
+def is_torch_xla_available(*args: Any, **kwargs: Any) -> bool:
+    """TPUs through torch_xla: fittrain does not run on them."""
+    return False
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def is_datasets_available() -> bool:
+    """Whether Hugging Face `datasets` is installed."""
+    return _installed("datasets")
+
+
+def is_wandb_available() -> bool:
+    """Whether `wandb` is installed (log_with="wandb")."""
+    return _installed("wandb")
+
+
+def is_mlflow_available() -> bool:
+    """Whether `mlflow` (or mlflow-skinny) is installed (log_with="mlflow")."""
+    return _installed("mlflow")
+
+
+def is_tensorboard_available() -> bool:
+    """Whether `tensorboard` is installed (a dependency of fittrain: True)."""
+    return _installed("tensorboard")
 
 
 def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False,

@@ -163,3 +163,25 @@ def test_an_exported_dynamo_backend_is_the_default(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "EAGER")
     assert Accelerator(cpu=True).compile_options["backend"] == "eager"
     assert Accelerator(cpu=True, dynamo_backend="no").compile_options is None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "iterable"])
+def test_a_stateful_loader_resumes_after_load_state(tmp_path, stream: bool) -> None:
+    """DataLoaderConfiguration(use_stateful_dataloader=True): after load_state (or load_state_dict)
+    the next pass continues the saved epoch by itself, as a StatefulDataLoader does."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(32))
+
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    loader = acc.prepare(DataLoader(Stream() if stream else list(range(32)), batch_size=4, shuffle=not stream))
+    unseen = []
+    for step, batch in enumerate(loader):
+        if step == 2:
+            acc.save_state(tmp_path / "checkpoint")
+        if step > 2:
+            unseen.append(batch.tolist())
+    acc.load_state(tmp_path / "checkpoint")
+    assert [batch.tolist() for batch in loader] == unseen and len(unseen) == 5
+    assert len([batch for batch in loader]) == 8  # the pass after that is a whole epoch again

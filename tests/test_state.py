@@ -5,6 +5,7 @@ Multi-process behaviour is tested with real processes in tests/distributed/.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import pytest
@@ -30,7 +31,7 @@ def test_without_torchrun_it_is_one_process() -> None:
     assert state.is_main_process and state.is_local_main_process and not state.is_distributed
     assert state.backend is None and state.device == torch.device("cpu")
     for strategy in ("auto", "ddp", "fsdp"):
-        assert state.distributed_type(strategy) == DistributedType.NO
+        assert dataclasses.replace(state, strategy=strategy).distributed_type == DistributedType.NO
     state.barrier()  # free and harmless with one process
     state.shutdown()
     assert not dist.is_initialized()
@@ -41,8 +42,9 @@ def test_without_torchrun_it_is_one_process() -> None:
     ("cuda", "ddp", DistributedType.MULTI_GPU), ("cpu", "fsdp", DistributedType.FSDP),
 ])
 def test_distributed_type_names_the_setup(device: str, strategy: str, expected: DistributedType) -> None:
-    state = ProcessState(4, 2, 0, torch.device(device, 0) if device == "cuda" else torch.device(device), "gloo")
-    assert state.distributed_type(strategy) == expected
+    state = ProcessState(4, 2, 0, torch.device(device, 0) if device == "cuda" else torch.device(device), "gloo",
+                         strategy)
+    assert state.distributed_type == expected
 
 
 def test_local_main_is_per_node() -> None:

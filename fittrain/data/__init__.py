@@ -13,19 +13,22 @@ after n batches without loading them (`skipping.SkippedDataLoader`: `skip_first_
 
 Modules: position (DataPosition, PositionedSource: the per-batch bookkeeping); map_style
 (DataLoaderShard); order (EpochOrder: the user's order, drawn as torch draws it, shared by ranks,
-replayed on resume); seedable (use_seedable_sampler: an order from data_seed + epoch); dealing (SampleDealer, BatchDealer: an epoch's batches dealt to ranks);
-streams (StreamShard: worker order, look-ahead, pass state); stream_workers (RankStream: the
-rounds read in each worker); stream_state (which streams resume from their own state); batches
-(BatchesShard); skipping (SkippedDataLoader); workers (per-batch seeding in DataLoader workers);
-devices (send_to_device, batch_size_of).
+replayed on resume); seedable (use_seedable_sampler: an order from data_seed + epoch); dealing
+(SampleDealer, BatchDealer: an epoch's batches dealt to ranks); streams (StreamShard: worker
+order, look-ahead, pass state); stream_workers (RankStream: the rounds read in each worker);
+stream_state (which streams resume from their own state); batches (BatchesShard); skipping
+(SkippedDataLoader); workers (per-batch seeding in DataLoader workers); devices
+(send_to_device, batch_size_of); prepare (Accelerate's `prepare_data_loader` function).
 """
 
 from .batches import BatchesShard, check_batches
 from .devices import batch_size_of, send_to_device
 from .map_style import DataLoaderShard
 from .position import DataPosition, PositionedSource
+from .prepare import prepare_data_loader
+from .seedable import SeedableRandomSampler
 from .skipping import SkippedDataLoader
 from .streams import StreamShard
 
-__all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SkippedDataLoader", "StreamShard",
-           "batch_size_of", "check_batches", "send_to_device"]
+__all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SeedableRandomSampler",
+           "SkippedDataLoader", "StreamShard", "batch_size_of", "check_batches", "prepare_data_loader", "send_to_device"]

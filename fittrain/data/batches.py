@@ -91,9 +91,6 @@ class BatchesShard(PositionedSource):
         padding = itertools.islice(self.base_loader, self.process_index - rest, self.process_index - rest + 1)
         return itertools.chain(mine, padding)
 
-    def __iter__(self) -> Iterator[Any]:
-        return self.iterate(skip=0)
-
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
         total = len(self)

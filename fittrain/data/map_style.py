@@ -199,6 +199,11 @@ class DataLoaderShard(PositionedSource):
         return self.dealer.declared, "samples" if self._mode == "samples" else "batches"
 
     @property
+    def batch_sampler(self) -> Any:
+        """The user's batch sampler (None for `batch_size=None`): its `.sampler` is the user's sampler."""
+        return self.base_loader.batch_sampler
+
+    @property
     def sampler(self) -> "DataLoaderShard":
         # Scripts written for DDP call `loader.sampler.set_epoch(e)`; route that to us.
         return self
@@ -214,9 +219,6 @@ class DataLoaderShard(PositionedSource):
 
     def __len__(self) -> int:
         return len(self.dealer)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.iterate(skip=0)
 
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on, without loading the skipped batches.

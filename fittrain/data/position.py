@@ -38,6 +38,18 @@ class PositionedSource:
     device: torch.device | None
     _moves_batches: bool = False
     _non_blocking: bool = False
+    #: `DataLoaderConfiguration(use_stateful_dataloader=True)`: after `load_state_dict`, the next
+    #: pass continues the saved epoch by itself (as torchdata's StatefulDataLoader does).
+    resumes_itself: bool = False
+    _resume_pending: bool = False
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self.position.batches_consumed if self._resume_pending else 0
+        self._resume_pending = False
+        return self.iterate(skip=skip)
+
+    def iterate(self, skip: int) -> Iterator[Any]:  # each kind of source defines it
+        raise NotImplementedError
 
     def _emit(self, batches: Iterator[Any], skip: int, total: int, remainder: int = 0,
               real_ranks: int = 0) -> Iterator[Any]:
@@ -46,7 +58,7 @@ class PositionedSource:
         to date. Only the last round is padded: `remainder` (real samples) or `real_ranks` (ranks
         holding a real batch) describe it, for gather_for_metrics."""
         position, last = self.position, total - 1
-        flags = self.gradient_state.begin_pass()
+        flags = self.gradient_state.begin_pass(self)
         try:
             for index, batch in zip(range(skip, total), batches):  # range first: no batch is pulled past the end
                 position.batches_consumed = index + 1
@@ -70,8 +82,10 @@ class PositionedSource:
         return dataclasses.asdict(self.position)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restores the position. It never skips by itself: pass `batches_consumed` to
-        `skip_first_batches` to continue a half-finished epoch."""
+        """Restores the position. By default it never skips by itself: pass `batches_consumed` to
+        `skip_first_batches` to continue a half-finished epoch (with `resumes_itself`, the next
+        pass does)."""
         self.position.seed = int(state["seed"])
         self.position.epoch = int(state["epoch"])
         self.position.batches_consumed = int(state["batches_consumed"])
+        self._resume_pending = self.resumes_itself and self.position.batches_consumed > 0

@@ -16,18 +16,23 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A `RandomSampler` whose epoch e yields the permutation drawn from `initial_seed + e`.
+    """A `RandomSampler` whose epoch e yields the permutation drawn from `initial_seed + e`
+    (Accelerate's class of the same name, with the same arguments).
 
     Args:
-        data_source: The dataset.
-        replacement, num_samples: As `RandomSampler` takes them.
-        initial_seed: The seed of epoch 0.
+        data_source, replacement, num_samples, generator: As `RandomSampler` takes them; the
+            generator (a new one when None) is reseeded at every pass.
+        data_seed: The seed of epoch 0; None takes torch's initial seed (`torch.initial_seed()`).
+
+    A full pass moves it to the next epoch by itself, so a plain loop over it shuffles anew each
+    epoch; the prepared loader also sets the epoch before each pass, so a resumed run redraws it.
     """
 
     def __init__(self, data_source: Any, replacement: bool = False, num_samples: int | None = None,
-                 initial_seed: int = 0) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=torch.Generator())
-        self.initial_seed = initial_seed
+                 generator: torch.Generator | None = None, data_seed: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples,
+                         generator=generator if generator is not None else torch.Generator())
+        self.initial_seed = torch.initial_seed() if data_seed is None else data_seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -37,6 +42,7 @@ class SeedableRandomSampler(RandomSampler):
     def __iter__(self) -> Iterator[int]:
         self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 def with_seedable_sampler(loader: DataLoader, data_seed: int | None) -> DataLoader:
@@ -52,8 +58,7 @@ def with_seedable_sampler(loader: DataLoader, data_seed: int | None) -> DataLoad
     custom_batches = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
     if type(sampler) is not RandomSampler or custom_batches:
         return loader
-    seed = torch.initial_seed() if data_seed is None else data_seed
-    seedable = SeedableRandomSampler(loader.dataset, sampler.replacement, sampler._num_samples, seed)
+    seedable = SeedableRandomSampler(loader.dataset, sampler.replacement, sampler._num_samples, data_seed=data_seed)
     batching: dict[str, Any] = {"batch_size": None, "sampler": seedable}
     if loader.batch_sampler is not None:
         batching = {"batch_sampler": BatchSampler(seedable, loader.batch_size, loader.drop_last)}

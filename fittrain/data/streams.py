@@ -118,9 +118,6 @@ class StreamShard(PositionedSource):
         self._loaded = copy.deepcopy(saved)
 
     # ----------------------------------------------------------------- iteration
-    def __iter__(self) -> Iterator[Any]:
-        return self.iterate(skip=0)
-
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current pass from batch `skip` on: from the saved pass state when a checkpoint
         left off there, else by reading and discarding the first `skip` batches."""
@@ -173,7 +170,7 @@ class StreamShard(PositionedSource):
     def _emit_stream(self, items: Iterator[tuple[Any, StreamItem]], skip: int) -> Iterator[Any]:
         """Yields batches one behind the stream, so the last is known (`end_of_dataloader`)."""
         position = self.position
-        flags = self.gradient_state.begin_pass()
+        flags = self.gradient_state.begin_pass(self)
         try:
             current = next(items, None)
             going = self._agreed(current is not None)

@@ -21,3 +21,5 @@ def test_partial_state_utils_decorators_and_triggers_on_two_processes(tmp_path: 
     assert (rank0["is_last"], rank1["is_last"]) == (False, True)
     assert rank0["ran"] == ["main", "local_main"] and rank1["ran"] == ["last", "one"]  # one machine: rank 1 is local rank 1
     assert rank0["padded"] == [1.0, 0.0] and rank1["padded"] == [1.0, 1.0]
+    for facts in (rank0, rank1):
+        assert facts["pad_mismatch"].startswith("Cannot pad across processes along dim 0")

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from fittrain import Accelerator, PartialState
-from fittrain.utils import broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
+from fittrain.utils import DistributedOperationException, broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
 
 out = sys.argv[1]
 state = PartialState()
@@ -38,6 +38,16 @@ def on_local_main():
     ran.append("local_main")
 
 
+def _pad_error() -> str:
+    """Tensors whose other dimensions differ cannot be padded into one shape: an error on every rank
+    (without debug mode too), not a silent mismatch or a hang."""
+    try:
+        pad_across_processes(torch.ones(1, 2 + rank))
+    except DistributedOperationException as error:
+        return str(error).splitlines()[0]
+    return "no error"
+
+
 for fn in (on_main, on_last, on_one, on_local_main):
     fn()
 if rank == 1:
@@ -59,6 +69,7 @@ facts = {
     "broadcast": broadcast(torch.tensor([rank + 5]), from_process=1).tolist(),
     "object_list": broadcast_object_list([{"rank": rank}]),
     "padded": pad_across_processes(torch.ones(rank + 1)).tolist(),
+    "pad_mismatch": _pad_error(),
 }
 with open(f"{out}/rank{rank}.json", "w") as handle:
     json.dump(facts, handle)
