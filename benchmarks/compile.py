@@ -218,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     runs = measure(args, log)
     options = compile_options(args)
-    lines = [f"Transformer stack on the CPU: {args.layers} x TransformerEncoderLayer(d_model={args.d_model}, "
+    kind = "GPT-style Block" if args.block == "gpt" else "TransformerEncoderLayer"
+    lines = [f"Transformer stack on the CPU: {args.layers} x {kind}(d_model={args.d_model}, "
              f"heads={args.heads}), seq {args.seq}, batch {args.batch}, AdamW; torch.compile({options}); "
              f"median step of {args.steps} after {args.warmup} warm-up steps, median of {args.rounds} "
              "alternating rounds.", f"Machine: {describe_machine()}.", "", format_table(runs)]

@@ -68,7 +68,8 @@ import torch
 
 from benchmarks import loaders
 from benchmarks.overhead_loops import (run_accelerator, run_hand, run_hf_accelerate, run_ignite, run_lightning,
-                                       run_trainer, run_trainer_logger, run_trainer_logger_ckpt)
+                                       run_trainer, run_trainer_logger, run_trainer_logger_ckpt,
+                                       run_trainer_trackers_best)
 from benchmarks.workload import (BATCH_SIZE, CHECKPOINT_EVERY, HIDDEN, IN_FEATURES, LOGGER_EVERY, OUT_FEATURES,
                                  RunResult, Workload, make_workload, quiet_per_step)
 
@@ -102,6 +103,9 @@ CONTENDERS = (
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY})", run_trainer_logger,
               target={"loader": 1.10, "prebuilt": 1.10}, needs=("fittrain.callbacks:Logger",)),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY}) + Checkpointer({CHECKPOINT_EVERY})", run_trainer_logger_ckpt,
+              needs=("fittrain.callbacks:Logger", "fittrain.callbacks:Checkpointer")),
+    Contender(f"Trainer.fit + Logger({LOGGER_EVERY}, TensorBoard+CSV) + best Checkpointer({CHECKPOINT_EVERY})",
+              run_trainer_trackers_best, target={"loader": 1.10, "prebuilt": 1.10},
               needs=("fittrain.callbacks:Logger", "fittrain.callbacks:Checkpointer")),
     Contender("HF Accelerate loop", run_hf_accelerate, needs=("accelerate",)),
     Contender("Lightning Trainer", run_lightning, needs=("lightning|pytorch_lightning",)),

@@ -93,6 +93,15 @@ def run_trainer_logger_ckpt(work: Workload, mode: str) -> RunResult:
                                      Checkpointer(every_n_steps=CHECKPOINT_EVERY)])
 
 
+def run_trainer_trackers_best(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with a Logger writing TensorBoard and CSV every 50 steps and a best-checkpoint
+    Checkpointer (monitor train_loss, top 2) every 500."""
+    from fittrain.callbacks import Checkpointer, Logger
+
+    return _fit(work, mode, lambda: [Logger(every_n_steps=LOGGER_EVERY, log_with=["tensorboard", "csv"]),
+                                     Checkpointer(every_n_steps=CHECKPOINT_EVERY, monitor="train_loss", save_top_k=2)])
+
+
 def run_hf_accelerate(work: Workload, mode: str) -> RunResult:
     """Hugging Face Accelerate's loop: the same code with `from accelerate import Accelerator`."""
     from accelerate import Accelerator as HFAccelerator
