@@ -8,7 +8,7 @@ from typing import Any
 
 from .accelerator import Accelerator
 from .checkpoint import CheckpointError, ProjectConfiguration
-from .configuration import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
 from .events import Callback, Event
 from .module import TrainModule
@@ -17,7 +17,7 @@ from .state import DistributedType
 from .trainer import Trainer, TrainState
 
 __all__ = [
-    "Accelerator", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
     "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs", "GradientAccumulationPlugin",
     "InitProcessGroupKwargs", "PartialState", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
     "find_executable_batch_size", "skip_first_batches",

@@ -35,7 +35,7 @@ from .checkpoint_methods import CheckpointMethods
 from .compile import check_dynamo_backend, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .compat_methods import CompatMethods
-from .configuration import InitProcessGroupKwargs, resolve_options
+from .configuration import AutocastKwargs, InitProcessGroupKwargs, resolve_options
 from .data.seedable import with_seedable_sampler
 from .launch_config import dynamo_default, launch_defaults
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -124,6 +124,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         self.gradient_accumulation_plugin = accumulation
         self.dataloader_config = options.data
         self.ddp_handler = options.ddp
+        self._autocast_handler = options.autocast
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
@@ -359,8 +360,18 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
 
     def autocast(self, autocast_handler: Any = None) -> ContextManager[None]:
-        """A context for code outside the model that should run in the mixed precision."""
-        return self.precision.autocast()
+        """A context for code outside the model that should run in the mixed precision.
+
+        `autocast_handler` (an `AutocastKwargs`, or the one given in `kwargs_handlers`) sets
+        `torch.autocast`'s `enabled` and `cache_enabled`.
+        """
+        handler = autocast_handler if autocast_handler is not None else self._autocast_handler
+        if handler is None:
+            return self.precision.autocast()  # the per-step path: no arguments to read
+        if not isinstance(handler, AutocastKwargs):
+            raise TypeError(f"`autocast_handler` must be a fittrain.utils.AutocastKwargs or None. Received: "
+                            f"{handler!r:.80} ({type(handler).__name__}).")
+        return self.precision.autocast(handler.enabled, handler.cache_enabled)
 
     # ----------------------------------------------------------------- models and saving
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
@@ -390,8 +401,14 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                 remove_compiled_forward(module)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict (gathered from every rank under FSDP2; call it on all)."""
-        return parallel.full_state_dict(model)
+        """The model's full state dict (gathered from every rank under FSDP2; call it on all).
+
+        With `unwrap=False` the keys are those of the wrapped model (DDP's `module.` prefix).
+        """
+        full = parallel.full_state_dict(model)
+        if unwrap or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return full
+        return {f"module.{key}": value for key, value in full.items()}
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:

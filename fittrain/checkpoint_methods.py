@@ -73,7 +73,7 @@ class CheckpointMethods:
     _background_checkpoints: BackgroundCheckpoints | None = None
 
     def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
-                   **kwargs: Any) -> str:
+                   safe_serialization: bool = True, **kwargs: Any) -> str:
         """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects.
 
         The folder is written under a temporary name and renamed when complete, so a crash never
@@ -91,6 +91,11 @@ class CheckpointMethods:
         Returns:
             The folder written (or being written, with `async_save`).
         """
+        _refuse_options("save_state", kwargs)
+        if safe_serialization is not True:
+            raise ValueError("save_state(safe_serialization=False) is not supported: fittrain writes model weights as "
+                             f"safetensors, always (nothing is pickled). Received: safe_serialization="
+                             f"{safe_serialization!r}. Leave it out.")
         self.wait_for_checkpoint()
         config = self.project_configuration
         reserved = None
@@ -152,7 +157,7 @@ class CheckpointMethods:
         if self._background_checkpoints is not None:
             self._background_checkpoints.wait()
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True, **kwargs: Any) -> str:
         """Restores everything `save_state` saved. Data loaders get their position back but are not
         moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
 
@@ -169,6 +174,12 @@ class CheckpointMethods:
         Returns:
             The folder loaded.
         """
+        _refuse_options("load_state", kwargs)
+        if strict is not True:
+            raise ValueError("load_state(strict=False) is not supported: a checkpoint loads into the same models, "
+                             f"whole, or not at all. Received: strict={strict!r}. To load part of a model's weights, "
+                             "read them with fittrain.checkpoint.load_model_weights(folder) and call "
+                             "model.load_state_dict(weights, strict=False).")
         self.wait_for_checkpoint()
         if input_dir is not None:
             return self._load_folder(pathlib.Path(input_dir))
@@ -191,3 +202,11 @@ class CheckpointMethods:
         self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
         return os.fspath(source)
+
+
+def _refuse_options(method: str, options: dict[str, Any]) -> None:
+    """Accelerate passes unknown keywords on to torch; fittrain names them instead of ignoring them."""
+    if options:
+        raise TypeError(f"{method}() got keyword arguments fittrain does not take: {', '.join(sorted(options))}. "
+                        f"Received: {options!r:.120}. Remove them (fittrain's checkpoints need no save or load "
+                        "options; see docs/checkpoints.md).")

@@ -210,7 +210,21 @@ class InitProcessGroupKwargs:
                    " Pass e.g. timeout=datetime.timedelta(minutes=5).")
 
 
-KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs)
+@dataclasses.dataclass
+class AutocastKwargs:
+    """Arguments for `torch.autocast` under mixed precision: `enabled` (False runs the block in full
+    precision) and `cache_enabled` (None: torch's default)."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check("AutocastKwargs", "enabled", self.enabled, bool)
+        if self.cache_enabled is not None:
+            _check("AutocastKwargs", "cache_enabled", self.cache_enabled, bool)
+
+
+KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs)
 
 
 def read_kwargs_handlers(handlers: Iterable[Any] | None) -> dict[type, Any]:
@@ -255,6 +269,7 @@ class AcceleratorOptions:
     ddp: DistributedDataParallelKwargs | None = None
     scaler: GradScalerKwargs | None = None
     process_group: InitProcessGroupKwargs | None = None
+    autocast: AutocastKwargs | None = None
 
 
 def resolve_options(split_batches: bool, even_batches: bool, gradient_accumulation_steps: int,
@@ -294,7 +309,8 @@ def resolve_options(split_batches: bool, even_batches: bool, gradient_accumulati
     _check_rng_types(rng_types)
     handlers = read_kwargs_handlers(kwargs_handlers)
     return AcceleratorOptions(dataloader_config, plugin, handlers.get(DistributedDataParallelKwargs),
-                              handlers.get(GradScalerKwargs), handlers.get(InitProcessGroupKwargs))
+                              handlers.get(GradScalerKwargs), handlers.get(InitProcessGroupKwargs),
+                              handlers.get(AutocastKwargs))
 
 
 def _check_rng_types(rng_types: Any) -> None:

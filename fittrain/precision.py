@@ -55,8 +55,11 @@ class FullPrecision:
     # nullcontext is reusable and stateless: one instance serves every step.
     _NO_AUTOCAST = contextlib.nullcontext()
 
-    def autocast(self) -> ContextManager[None]:
-        """A context in which eligible ops run in lower precision; here, nothing changes."""
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> ContextManager[None]:
+        """A context in which eligible ops run in lower precision; here, nothing changes.
+
+        `enabled=False` runs the block in full precision; `cache_enabled` is `torch.autocast`'s.
+        """
         return self._NO_AUTOCAST
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
@@ -97,8 +100,9 @@ class AutocastPrecision(FullPrecision):
         self._device_type = device_type
         self._dtype = dtype
 
-    def autocast(self) -> ContextManager[None]:
-        return torch.autocast(device_type=self._device_type, dtype=self._dtype)
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> ContextManager[None]:
+        return torch.autocast(device_type=self._device_type, dtype=self._dtype, enabled=enabled,
+                              cache_enabled=cache_enabled)
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         if not isinstance(model.__dict__.get("forward"), AutocastForward):

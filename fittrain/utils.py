@@ -28,14 +28,14 @@ import importlib.util
 from . import collectives
 from .collectives import DistributedOperationException
 from .checkpoint.naming import ProjectConfiguration
-from .configuration import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
 from .data.devices import send_to_device as _send_to_device
 from .partial_state import PartialState
 from .state import DistributedType
 from .trackers.registry import LoggerType
 
-__all__ = ["DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
+__all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
            "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType",
            "ProjectConfiguration", "DistributedOperationException", "broadcast", "broadcast_object_list",
            "find_executable_batch_size", "gather", "gather_object", "is_bf16_available", "is_datasets_available",

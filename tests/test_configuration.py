@@ -185,3 +185,33 @@ def test_a_stateful_loader_resumes_after_load_state(tmp_path, stream: bool) -> N
     acc.load_state(tmp_path / "checkpoint")
     assert [batch.tolist() for batch in loader] == unseen and len(unseen) == 5
     assert len([batch for batch in loader]) == 8  # the pass after that is a whole epoch again
+
+
+def test_options_accelerate_passes_on_are_named_not_ignored(tmp_path) -> None:
+    acc = Accelerator(cpu=True)
+    acc.prepare(nn.Linear(2, 1))
+    with pytest.raises(TypeError, match=r"save_state\(\) got keyword arguments fittrain does not take: max_shard_size"):
+        acc.save_state(tmp_path / "a", max_shard_size="1GB")
+    with pytest.raises(ValueError, match=r"save_state\(safe_serialization=False\) is not supported"):
+        acc.save_state(tmp_path / "a", safe_serialization=False)
+    acc.save_state(tmp_path / "a", safe_serialization=True)
+    with pytest.raises(ValueError, match=r"load_state\(strict=False\) is not supported"):
+        acc.load_state(tmp_path / "a", strict=False)
+    with pytest.raises(TypeError, match=r"load_state\(\) got keyword arguments fittrain does not take: map_location"):
+        acc.load_state(tmp_path / "a", map_location="cpu")
+    assert acc.load_state(tmp_path / "a", strict=True).endswith("a")
+
+
+def test_autocast_kwargs_switch_autocast_off_for_a_block() -> None:
+    from fittrain import AutocastKwargs
+
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    with acc.autocast(AutocastKwargs(enabled=False)):
+        assert not torch.is_autocast_enabled("cpu")
+    with acc.autocast():
+        assert torch.is_autocast_enabled("cpu")
+    off = Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(enabled=False)])
+    with off.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    with pytest.raises(TypeError, match="`autocast_handler` must be a fittrain.utils.AutocastKwargs"):
+        acc.autocast({"enabled": False})
