@@ -6,16 +6,20 @@ is `fittrain.checkpoint`: its package docstring maps the save and load flows the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
+import shutil
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from . import collectives, parallel
 from .checkpoint.background import BackgroundCheckpoints
 from .checkpoint.checks import check_model_states
+from .checkpoint.hooks import StateHooks
 from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
@@ -115,18 +119,58 @@ class CheckpointMethods:
                 self._background_checkpoints = BackgroundCheckpoints(self.state)
             stage = self._background_checkpoints.stager() if async_save else None
             # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
-            snapshot = capture_state(self._state_parts(), self.process_index, self.is_main_process, stage)
+            parts = self._state_parts()
+            staging = self._state_hooks.run_save(list(self._models), parts.model_state_dicts)
+            snapshot = capture_state(parts, self.process_index, self.is_main_process, stage)
             prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
+
+            def write(barrier: Callable[[], None]) -> None:
+                try:
+                    write_checkpoint(target, snapshot, barrier, prune, reserved, staging)
+                finally:
+                    if staging is not None:
+                        shutil.rmtree(staging, ignore_errors=True)
+
             if async_save:
-                self._background_checkpoints.start(
-                    target, lambda barrier: write_checkpoint(target, snapshot, barrier, prune, reserved))
+                self._background_checkpoints.start(target, write)
             else:
-                write_checkpoint(target, snapshot, self.wait_for_everyone, prune, reserved)
+                write(self.wait_for_everyone)
         except BaseException:
             if reserved is not None:
                 reserved.release()  # does nothing once the folder is committed
             raise
         return os.fspath(target)
+
+    @property
+    def _state_hooks(self) -> StateHooks:
+        hooks = self.__dict__.get("_hooks")
+        if hooks is None:
+            hooks = self.__dict__["_hooks"] = StateHooks()
+        return hooks
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Registers `hook(models, weights, output_dir)`, called by `save_state` before it writes.
+
+        `weights` holds the state dict of each model about to be written: pop the entries of the
+        models the hook saves itself. Files the hook writes into `output_dir` (a staging folder)
+        become part of the checkpoint, committed and checksummed with it; subfolders are fine.
+        See `fittrain.checkpoint.hooks`.
+
+        Returns:
+            A handle whose `remove()` unregisters the hook.
+        """
+        return self._state_hooks.register(self._state_hooks.save, hook, "register_save_state_pre_hook")
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Registers `hook(models, input_dir)`, called by `load_state` before it reads the models.
+
+        The hook loads the models it pops from the end of `models` itself (from `input_dir`, the
+        checkpoint folder, where a save hook's files are); `load_state` loads the others.
+
+        Returns:
+            A handle whose `remove()` unregisters the hook.
+        """
+        return self._state_hooks.register(self._state_hooks.load, hook, "register_load_state_pre_hook")
 
     def _check_same_folder(self, target: pathlib.Path) -> None:
         """Refuses a save to different folders on different processes (one small gather).
@@ -191,11 +235,13 @@ class CheckpointMethods:
     def _load_folder(self, source: pathlib.Path) -> str:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
         reader = CheckpointReader(source)
+        kept = self._state_hooks.run_load(list(self._models), os.fspath(source), reader)
         parts = self._state_parts(gather=False)
+        parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
         # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
         loaded = read_state(reader, parts, self.process_index)
         check_model_states(reader.path, loaded["models"],
-                           [parallel.unwrap(m).state_dict() for m in self._models])
+                           [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
         apply_state(
             loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
             lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))

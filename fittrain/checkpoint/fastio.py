@@ -51,6 +51,20 @@ def _is_plain_name(name: Any) -> bool:
             and "/" not in name and "\\" not in name)
 
 
+#: How deep a file that a save hook wrote may sit below the checkpoint folder.
+MAX_SUBFOLDER_DEPTH = 8
+
+
+def is_listed_name(name: Any) -> bool:
+    """Whether a manifest entry is a safe relative path inside the checkpoint folder: a plain name,
+    or (files a save_state pre-hook wrote) plain names joined by "/", a few levels deep."""
+    if not isinstance(name, str) or "\\" in name:
+        return False
+    parts = name.split("/")
+    return (len(parts) <= MAX_SUBFOLDER_DEPTH + 1 and _is_plain_name(parts[0])
+            and all(part not in ("", ".", "..") for part in parts))
+
+
 class ChecksumSink:
     """A write-only file wrapper that keeps the running size and CRC32 of what went through it.
 

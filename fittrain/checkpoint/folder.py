@@ -34,23 +34,33 @@ MANIFEST_FORMAT = "fittrain-checkpoint"
 MANIFEST_VERSION = 1
 
 
+def _listed_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """Every file below `root`, sorted; anything else (a link, a device) is refused."""
+    found = []
+    for entry in sorted(root.rglob("*")):
+        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            raise CheckpointError(
+                f"Checkpoint folder {root} holds {entry.relative_to(root).as_posix()!r}, which is neither a plain file "
+                "nor a folder. Checkpoint files are written by save_state (and plain files by its pre-hooks).")
+        if entry.is_file():
+            found.append(entry)
+    return found
+
+
 def no_barrier() -> None:
     """Does nothing: the barrier of a single process."""
 
 
 def _write_manifest(writer: CheckpointWriter) -> None:
-    """Checksums other processes' files, then writes and fsyncs the manifest last."""
+    """Checksums other processes' files (and those a save hook wrote, in subfolders too), then
+    writes and fsyncs the manifest last."""
     files = dict(writer._records)
-    for entry in sorted(writer.path.iterdir()):
-        if entry.name in files or entry.name in (MANIFEST_NAME, WRITER_MARKER):
+    for entry in _listed_files(writer.path):
+        name = entry.relative_to(writer.path).as_posix()
+        if name in files or name in (MANIFEST_NAME, WRITER_MARKER):
             continue
-        if not entry.is_file():
-            raise CheckpointError(
-                f"Checkpoint folder {writer.path} holds {entry.name!r}, which is not a plain file. "
-                "Checkpoint files must be written with the CheckpointWriter's write_* methods."
-            )
         size, crc = file_checksum(entry)
-        files[entry.name] = {"size": size, "crc32": crc}
+        files[name] = {"size": size, "crc32": crc}
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "files": dict(sorted(files.items()))}
     with open(writer.path / MANIFEST_NAME, "wb") as f:
         f.write(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))

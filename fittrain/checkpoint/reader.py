@@ -16,13 +16,13 @@ import pathlib
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Iterable
 
 import safetensors.torch
 import torch
 
 from .errors import CheckpointDeletedError, CheckpointError, brief
-from .fastio import MANIFEST_NAME, _is_plain_name, file_checksum
+from .fastio import MANIFEST_NAME, file_checksum, is_listed_name
 from .folder import MANIFEST_FORMAT, MANIFEST_VERSION
 
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
@@ -111,7 +111,7 @@ def _parse_manifest(path: pathlib.Path) -> dict[str, dict[str, int]]:
     valid = (
         isinstance(files, dict)
         and manifest.get("format") == MANIFEST_FORMAT and manifest.get("version") == MANIFEST_VERSION
-        and all(_is_plain_name(name) and isinstance(record, dict) and _is_count(record.get("size"))
+        and all(is_listed_name(name) and isinstance(record, dict) and _is_count(record.get("size"))
                 and _is_count(record.get("crc32")) for name, record in files.items())
     )
     if not valid:
@@ -223,7 +223,7 @@ class CheckpointReader:
         return path
 
     def _check(self, path: pathlib.Path, size: int, crc: int) -> None:
-        expected = self._files[path.name]
+        expected = self._files[path.relative_to(self._path).as_posix()]
         if size != expected["size"]:
             problem = f"expected {expected['size']} bytes, found {size}"
         elif crc != expected["crc32"]:
@@ -332,14 +332,14 @@ class CheckpointReader:
             raise _json_error(self._path / name, f"{size} bytes, more than the {_JSON_MAX_BYTES} allowed")
         return _parse_json(self.read_bytes(name), self._path / name)
 
-    def verify(self) -> None:
-        """Checks the size and checksum of every file in the manifest.
+    def verify(self, names: Iterable[str] | None = None) -> None:
+        """Checks the size and checksum of every file in the manifest (or of `names` only).
 
         Raises:
             CheckpointError: Naming the first file that is missing or damaged.
             CheckpointDeletedError: The folder was deleted or replaced meanwhile.
         """
-        for name in self.names():
+        for name in self.names() if names is None else names:
             self._verified(name)
 
 

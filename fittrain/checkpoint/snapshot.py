@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import pathlib
+import shutil
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .fastio import CheckpointWriter
-from .folder import atomic_checkpoint
+from .errors import CheckpointError
+from .fastio import MANIFEST_NAME, CheckpointWriter
+from .folder import WRITER_MARKER, atomic_checkpoint
 from .rng import capture_rng_state
 from .temp_folders import TempFolder
 
@@ -154,7 +157,8 @@ def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
 
 
 def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Callable[[], None],
-                     after_commit: Callable[[], None] | None = None, reserved: TempFolder | None = None) -> None:
+                     after_commit: Callable[[], None] | None = None, reserved: TempFolder | None = None,
+                     hook_files: pathlib.Path | None = None) -> None:
     """Writes a snapshot as a complete checkpoint folder (atomically), then runs `after_commit`.
 
     Every process calls it with the same `folder`; `barrier` synchronises them (on the thread
@@ -162,10 +166,48 @@ def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Cal
     in place, so a failed save never deletes an older checkpoint. `reserved` is the main process's
     claim from `ProjectConfiguration.reserve_next_checkpoint` (automatic naming): the folder is
     then committed without ever replacing one. Without it an existing `folder` is replaced.
+    `hook_files`, on the main process, is a folder whose files (those save_state's pre-hooks
+    wrote) become part of the checkpoint, committed and checksummed with it.
     """
     with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier,
                            reserved=reserved) as writer:
         write_snapshot(writer, snapshot)
+        if hook_files is not None and snapshot.is_main_process:
+            copy_hook_files(hook_files, writer.path)
     if after_commit is not None:
         after_commit()
 
+
+
+def copy_hook_files(source: pathlib.Path, folder: pathlib.Path) -> None:
+    """Copies what save_state's pre-hooks wrote into the checkpoint folder being written, durably.
+
+    Raises:
+        CheckpointError: for a name the checkpoint itself uses (the hook would be overwritten, or
+            overwrite a checkpoint file), or for something that is not a file or folder.
+    """
+    for entry in sorted(source.rglob("*")):
+        relative = entry.relative_to(source)
+        top = relative.parts[0]
+        clashes = (top in (MANIFEST_NAME, WRITER_MARKER) or top.startswith(("random_states_", "data_states_"))
+                   or (len(relative.parts) == 1 and (folder / top).exists()))
+        if clashes:
+            raise CheckpointError(
+                f"A save_state pre-hook wrote {relative.as_posix()!r}, a name the checkpoint itself uses. Write the "
+                "hook's files under names of their own, e.g. a subfolder such as output_dir/'unet'.")
+        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            raise CheckpointError(f"A save_state pre-hook left {relative.as_posix()!r}, which is neither a file nor "
+                                  "a folder. A checkpoint holds plain files only.")
+        target = folder / relative
+        if entry.is_dir():
+            target.mkdir(exist_ok=True)
+            continue
+        shutil.copyfile(entry, target)
+        with open(target, "rb") as copied:  # durable before the manifest is written and the folder renamed
+            os.fsync(copied.fileno())
+    for directory in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
