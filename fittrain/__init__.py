@@ -9,7 +9,8 @@ from typing import Any
 from .accelerator import Accelerator
 from .checkpoint import CheckpointError, ProjectConfiguration
 from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
+                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                            TorchDynamoPlugin)
 from .events import Callback, Event
 from .module import TrainModule
 from .partial_state import PartialState
@@ -19,7 +20,7 @@ from .trainer import Trainer, TrainState
 __all__ = [
     "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
     "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs", "GradientAccumulationPlugin",
-    "InitProcessGroupKwargs", "PartialState", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
+    "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
     "find_executable_batch_size", "skip_first_batches",
 ]
 

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 from typing import Any, ContextManager, Iterable
@@ -28,11 +29,12 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import collectives, parallel
+from .collectives import sync_rng_states
 from .data import BatchesShard
 from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods
-from .compile import check_dynamo_backend, compile_forward, compile_targets, remove_compiled_forward, uncompiled
+from .compile import compile_settings, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .compat_methods import CompatMethods
 from .configuration import AutocastKwargs, InitProcessGroupKwargs, resolve_options
@@ -82,8 +84,10 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         gradient_accumulation_plugin: Accelerate's `GradientAccumulationPlugin` (num_steps,
             sync_with_dataloader, sync_each_batch, adjust_scheduler), instead of `gradient_accumulation_steps`.
         kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`, `InitProcessGroupKwargs`.
-        rng_types: Accelerate's random generators to synchronise: None or ["generator"] (what every
-            prepared loader does); others are refused.
+        rng_types: Accelerate's random generators to synchronise: "generator" (what every prepared
+            loader does anyway), "torch" and "cuda" (process 0's global generators are copied to every
+            process when a pass of a prepared loader starts).
+        dynamo_plugin: Accelerate's `TorchDynamoPlugin` (torch.compile options), instead of `dynamo_backend`.
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
@@ -92,7 +96,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
                  fsdp_classes: Iterable[type] | None = None, dynamo_backend: str | None = None,
                  log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None,
-                 kwargs_handlers: Any = None, rng_types: Any = None) -> None:
+                 kwargs_handlers: Any = None, rng_types: Any = None, dynamo_plugin: Any = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
@@ -125,11 +129,14 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         self.dataloader_config = options.data
         self.ddp_handler = options.ddp
         self._autocast_handler = options.autocast
+        self.profile_handler = options.profile
+        self._synced_rng = options.synced_rng
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
         # torch.compile's keyword options for models prepared from now on; None: no compile.
-        self.compile_options: dict[str, Any] | None = check_dynamo_backend(dynamo_default(dynamo_backend))
+        backend = dynamo_default(dynamo_backend) if dynamo_plugin is None else dynamo_backend
+        self.compile_options: dict[str, Any] | None = compile_settings(backend, dynamo_plugin)
         self.log_with = resolve_trackers(log_with)  # resolved now: a misspelt name fails before training
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -251,6 +258,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         # Pinned memory copies asynchronously anyway; DataLoaderConfiguration(non_blocking=True) always.
         shard._non_blocking = shard._non_blocking or self.dataloader_config.non_blocking
         shard.resumes_itself = self.dataloader_config.use_stateful_dataloader
+        if self._synced_rng:  # Accelerate's rng_types=["torch", "cuda"]: process 0's generators at each pass
+            shard.sync_rng = functools.partial(sync_rng_states, self._synced_rng, self.state)
         return self._register(self._dataloaders, shard)
 
     def _check_same_length(self, length: int, unit: str) -> None:

@@ -296,3 +296,24 @@ def _is_hf_dataset(seq: Any) -> bool:
     """Whether `seq` is a Hugging Face `datasets.Dataset` (looked up, never imported)."""
     datasets = sys.modules.get("datasets")
     return datasets is not None and isinstance(seq, datasets.Dataset)
+
+
+def sync_rng_states(rng_types: Any, state: ProcessState, generator: torch.Generator | None = None) -> None:
+    """Gives every process of `state`'s group process 0's state of each generator in `rng_types`
+    ("torch": the global CPU generator, "cuda": every CUDA device's, "generator": `generator`).
+
+    Raises:
+        ValueError: for another name, or "generator" without a generator.
+    """
+    for kind in rng_types:
+        kind = getattr(kind, "value", kind)
+        if kind == "torch":
+            torch.set_rng_state(broadcast_object(torch.get_rng_state(), state))
+        elif kind == "cuda":
+            if torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(broadcast_object(torch.cuda.get_rng_state_all(), state))
+        elif kind == "generator" and generator is not None:
+            generator.set_state(broadcast_object(generator.get_state(), state))
+        else:
+            raise ValueError(f"`synchronize_rng_states` takes 'torch', 'cuda' and 'generator' (with a generator). "
+                             f"Received: {kind!r} (generator={generator!r:.40}).")

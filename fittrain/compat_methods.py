@@ -9,6 +9,7 @@ data loader configuration (`split_batches`, `use_seedable_sampler`, ...).
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Any, Iterator, Sequence
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .configuration import ProfileKwargs
 from .data import BatchesShard, StreamShard
 from .state import ProcessState
 
@@ -138,6 +140,27 @@ class CompatMethods:
                 dealer.pads = pads
             for batches, even in zip(lists, saved[1]):
                 batches.even_batches = even
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+        """Profiles the block with `torch.profiler` (Accelerate's method); yields the profiler.
+
+        Args:
+            profile_handler: A `ProfileKwargs`; default: the one in `kwargs_handlers`, else
+                torch's defaults. With `output_trace_dir`, each process writes its Chrome trace
+                there as `PROFILE_PROCESS_{rank}.json` when the block ends.
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()  # type: ignore[attr-defined]
+        if not isinstance(handler, ProfileKwargs):
+            raise TypeError(f"`profile_handler` must be a fittrain.utils.ProfileKwargs or None. Received: "
+                            f"{handler!r:.80} ({type(handler).__name__}).")
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(
+                os.path.join(handler.output_trace_dir, f"PROFILE_PROCESS_{self.state.process_index}.json"))
+        self.state.barrier()
 
     # ----------------------------------------------------------------- views of the configuration
     # Read from `dataloader_config` when a loader is prepared, so assigning a new

@@ -82,6 +82,26 @@ def check_dynamo_backend(value: Any) -> dict[str, Any] | None:
     return {"backend": check_backend_name(name, "dynamo_backend")}
 
 
+def compile_settings(backend: Any, plugin: Any) -> dict[str, Any] | None:
+    """The torch.compile options of `Accelerator(dynamo_backend=..., dynamo_plugin=...)`.
+
+    Raises:
+        TypeError: for a plugin that is not a `TorchDynamoPlugin`.
+        ValueError: for both given, or what `check_dynamo_backend` / `check_compile` refuse.
+    """
+    if plugin is None:
+        return check_dynamo_backend(backend)
+    from .configuration import TorchDynamoPlugin
+
+    if not isinstance(plugin, TorchDynamoPlugin):
+        raise TypeError(f"`dynamo_plugin` must be a fittrain.utils.TorchDynamoPlugin or None. Received: "
+                        f"dynamo_plugin={_short(plugin)} ({type(plugin).__name__}).")
+    if backend is not None and str(getattr(backend, "value", backend)).lower() != "no":
+        raise ValueError(f"Pass either `dynamo_backend` or `dynamo_plugin`, not both. Received: dynamo_backend="
+                         f"{_short(backend)} and dynamo_plugin={_short(plugin)}. Set the backend in the plugin.")
+    return check_compile(plugin.to_kwargs(), "dynamo_plugin")
+
+
 def check_compile(value: Any, argument: str = "compile") -> dict[str, Any] | None:
     """Checks `Trainer(compile=...)`: False or None mean no compile, True torch.compile's defaults,
     and a dict holds torch.compile's keyword options.

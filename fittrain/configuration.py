@@ -224,7 +224,71 @@ class AutocastKwargs:
             _check("AutocastKwargs", "cache_enabled", self.cache_enabled, bool)
 
 
-KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs)
+@dataclasses.dataclass
+class ProfileKwargs:
+    """Arguments for `accelerator.profile()` (`torch.profiler.profile`).
+
+    Attributes:
+        activities: "cpu" and/or "cuda"; default: the CPU, and CUDA when it is available.
+        schedule_option: `torch.profiler.schedule`'s arguments (wait, warmup, active, repeat, skip_first).
+        on_trace_ready, record_shapes, profile_memory, with_stack, with_flops, with_modules: torch's.
+        output_trace_dir: Write a Chrome trace per process there, `PROFILE_PROCESS_{rank}.json`.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
+            _check("ProfileKwargs", name, getattr(self, name), bool)
+        unknown = [a for a in self.activities or () if a not in ("cpu", "cuda")]
+        if unknown:
+            raise ValueError(f"`ProfileKwargs(activities=...)` takes 'cpu' and 'cuda'. Received: activities="
+                             f"{self.activities!r:.80}.")
+
+    def build(self) -> Any:
+        """The `torch.profiler.profile` these arguments describe."""
+        import torch
+        import torch.profiler as profiler
+
+        names = self.activities or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+        kinds = {"cpu": profiler.ProfilerActivity.CPU, "cuda": profiler.ProfilerActivity.CUDA}
+        schedule = profiler.schedule(**self.schedule_option) if self.schedule_option else None
+        return profiler.profile(activities=[kinds[n] for n in names], schedule=schedule,
+                                on_trace_ready=self.on_trace_ready, record_shapes=self.record_shapes,
+                                profile_memory=self.profile_memory, with_stack=self.with_stack,
+                                with_flops=self.with_flops, with_modules=self.with_modules)
+
+
+@dataclasses.dataclass
+class TorchDynamoPlugin:
+    """Accelerate's torch.compile settings: the keyword options of `torch.compile`."""
+
+    backend: Any = "inductor"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+    disable: bool = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The options to pass to torch.compile (those left at None are torch's defaults)."""
+        backend = getattr(self.backend, "value", self.backend)
+        options = {"backend": backend.lower() if isinstance(backend, str) else backend, "mode": self.mode,
+                   "fullgraph": self.fullgraph, "dynamic": self.dynamic, "options": self.options,
+                   "disable": self.disable}
+        return {key: value for key, value in options.items() if value is not None}
+
+
+KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs,
+                   ProfileKwargs)
 
 
 def read_kwargs_handlers(handlers: Iterable[Any] | None) -> dict[type, Any]:
@@ -257,7 +321,7 @@ def _hook_type(name: str, value: Any, allowed: tuple[DDPCommunicationHookType, .
     return kind
 
 
-_RNG_TYPES = ("generator",)
+_RNG_TYPES = ("generator", "torch", "cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +334,8 @@ class AcceleratorOptions:
     scaler: GradScalerKwargs | None = None
     process_group: InitProcessGroupKwargs | None = None
     autocast: AutocastKwargs | None = None
+    profile: ProfileKwargs | None = None
+    synced_rng: tuple[str, ...] = ()
 
 
 def resolve_options(split_batches: bool, even_batches: bool, gradient_accumulation_steps: int,
@@ -306,17 +372,18 @@ def resolve_options(split_batches: bool, even_batches: bool, gradient_accumulati
         raise ValueError("Pass either `gradient_accumulation_steps` or `gradient_accumulation_plugin`, not both. "
                          f"Received: gradient_accumulation_steps={gradient_accumulation_steps!r} and "
                          f"gradient_accumulation_plugin={plugin!r}. Set num_steps in the plugin.")
-    _check_rng_types(rng_types)
+    synced = _check_rng_types(rng_types)
     handlers = read_kwargs_handlers(kwargs_handlers)
     return AcceleratorOptions(dataloader_config, plugin, handlers.get(DistributedDataParallelKwargs),
                               handlers.get(GradScalerKwargs), handlers.get(InitProcessGroupKwargs),
-                              handlers.get(AutocastKwargs))
+                              handlers.get(AutocastKwargs), handlers.get(ProfileKwargs), synced)
 
 
-def _check_rng_types(rng_types: Any) -> None:
-    """Accelerate's `rng_types`: "generator" (its default) is what fittrain always does."""
+def _check_rng_types(rng_types: Any) -> tuple[str, ...]:
+    """Accelerate's `rng_types`: "generator" (its default) is what fittrain always does; "torch" and
+    "cuda" are synchronised at the start of every pass of a prepared loader. Returns those two."""
     if rng_types is None:
-        return
+        return ()
     if isinstance(rng_types, (str, bytes)) or not isinstance(rng_types, (list, tuple)):
         raise TypeError(f"`rng_types` must be a list of names such as ['generator'], or None. Received: "
                         f"rng_types={rng_types!r:.80}.")
@@ -324,7 +391,7 @@ def _check_rng_types(rng_types: Any) -> None:
     unknown = [n for n in names if n not in _RNG_TYPES]
     if unknown:
         raise ValueError(f"`rng_types` holds {unknown!r}, which fittrain does not synchronise. Received: "
-                         f"rng_types={names!r}. Every prepared loader already draws its order from process 0's "
-                         "random state ('generator'); the global torch and CUDA generators stay each process's "
-                         "own. Seed them alike with fittrain.utils.set_seed(seed) on every process instead, and "
-                         "pass rng_types=['generator'] or None.")
+                         f"rng_types={names!r}. Use 'generator' (every prepared loader draws its order from process "
+                         "0's random state), 'torch' and 'cuda' (process 0's global generators are copied to every "
+                         "process at the start of each pass), or None.")
+    return tuple(n for n in names if n != "generator")

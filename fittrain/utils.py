@@ -26,17 +26,18 @@ from tqdm.auto import tqdm as _tqdm
 import importlib.util
 
 from . import collectives
-from .collectives import DistributedOperationException
+from .collectives import DistributedOperationException, sync_rng_states
 from .checkpoint.naming import ProjectConfiguration
 from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs)
+                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                            TorchDynamoPlugin)
 from .data.devices import send_to_device as _send_to_device
 from .partial_state import PartialState
 from .state import DistributedType
 from .trackers.registry import LoggerType
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
-           "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType",
+           "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "ProfileKwargs", "TorchDynamoPlugin",
            "ProjectConfiguration", "DistributedOperationException", "broadcast", "broadcast_object_list",
            "find_executable_batch_size", "gather", "gather_object", "is_bf16_available", "is_datasets_available",
            "is_fp16_available", "is_hpu_available", "is_mlflow_available", "is_tensorboard_available",
@@ -94,19 +95,7 @@ def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | No
     Raises:
         ValueError: for another name (xla, npu, ...), or "generator" without a generator.
     """
-    state = PartialState().state
-    for kind in rng_types:
-        kind = getattr(kind, "value", kind)
-        if kind == "torch":
-            torch.set_rng_state(collectives.broadcast_object(torch.get_rng_state(), state))
-        elif kind == "cuda":
-            if torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(collectives.broadcast_object(torch.cuda.get_rng_state_all(), state))
-        elif kind == "generator" and generator is not None:
-            generator.set_state(collectives.broadcast_object(generator.get_state(), state))
-        else:
-            raise ValueError(f"`synchronize_rng_states` takes 'torch', 'cuda' and 'generator' (with a generator). "
-                             f"Received: {kind!r} (generator={generator!r:.40}).")
+    sync_rng_states(rng_types, PartialState().state, generator)
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:

@@ -145,8 +145,8 @@ def test_kwargs_handlers_and_rng_types_are_checked() -> None:
         InitProcessGroupKwargs(timeout=30)
     assert Accelerator(cpu=True, rng_types=["generator"], kwargs_handlers=[
         InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=5))]).num_processes == 1
-    with pytest.raises(ValueError, match=r"`rng_types` holds \['torch'\], which fittrain does not synchronise"):
-        Accelerator(cpu=True, rng_types=["generator", "torch"])
+    with pytest.raises(ValueError, match=r"`rng_types` holds \['xla'\], which fittrain does not synchronise"):
+        Accelerator(cpu=True, rng_types=["generator", "xla"])
     with pytest.raises(TypeError, match="`rng_types` must be a list"):
         Accelerator(cpu=True, rng_types="generator")
 
@@ -215,3 +215,27 @@ def test_autocast_kwargs_switch_autocast_off_for_a_block() -> None:
         assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(TypeError, match="`autocast_handler` must be a fittrain.utils.AutocastKwargs"):
         acc.autocast({"enabled": False})
+
+
+def test_profile_records_and_writes_a_chrome_trace(tmp_path) -> None:
+    from fittrain import ProfileKwargs
+
+    acc = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(output_trace_dir=str(tmp_path / "trace"),
+                                                              record_shapes=True)])
+    with acc.profile() as profiler:
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    assert any("mm" in event.key for event in profiler.key_averages())
+    assert (tmp_path / "trace" / "PROFILE_PROCESS_0.json").stat().st_size > 0
+    with pytest.raises(ValueError, match=r"`ProfileKwargs\(activities=...\)` takes 'cpu' and 'cuda'"):
+        ProfileKwargs(activities=["tpu"])
+
+
+def test_dynamo_plugin_sets_the_compile_options() -> None:
+    from fittrain import TorchDynamoPlugin
+
+    acc = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="EAGER", fullgraph=True))
+    assert acc.compile_options == {"backend": "eager", "fullgraph": True, "disable": False}
+    with pytest.raises(ValueError, match="either `dynamo_backend` or `dynamo_plugin`"):
+        Accelerator(cpu=True, dynamo_backend="eager", dynamo_plugin=TorchDynamoPlugin())
+    with pytest.raises(TypeError, match="`dynamo_plugin` must be a fittrain.utils.TorchDynamoPlugin"):
+        Accelerator(cpu=True, dynamo_plugin={"backend": "eager"})

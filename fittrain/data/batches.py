@@ -93,6 +93,7 @@ class BatchesShard(PositionedSource):
 
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
+        self.sync_rng()
         total = len(self)
         # A padded last round: ranks from `rest` on repeat a batch, which gather_for_metrics drops.
         rest = len(self.base_loader) % self.num_processes

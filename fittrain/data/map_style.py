@@ -226,6 +226,7 @@ class DataLoaderShard(PositionedSource):
         The order is drawn when the first batch is requested, as torch draws it; a pass with
         skip > 0 replays the order its epoch was drawn with, when this loader knows it.
         """
+        self.sync_rng()
         epoch = self.position.epoch
         base_seed, order = self.order.draw(epoch, replay=skip > 0)
         if self._mode == "batches":

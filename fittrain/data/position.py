@@ -43,6 +43,10 @@ class PositionedSource:
     resumes_itself: bool = False
     _resume_pending: bool = False
 
+    def sync_rng(self) -> None:
+        """Called when a pass starts: Accelerator(rng_types=["torch", ...]) sets it to copy process
+        0's global generators to every process; by default it does nothing."""
+
     def __iter__(self) -> Iterator[Any]:
         skip = self.position.batches_consumed if self._resume_pending else 0
         self._resume_pending = False

@@ -121,6 +121,7 @@ class StreamShard(PositionedSource):
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current pass from batch `skip` on: from the saved pass state when a checkpoint
         left off there, else by reading and discarding the first `skip` batches."""
+        self.sync_rng()
         loaded, self._loaded = self._loaded, None
         if skip and loaded is None:
             warnings.warn(f"Skipping the first {skip} batches of a stream by reading them: no saved pass state "

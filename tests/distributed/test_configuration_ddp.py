@@ -20,6 +20,7 @@ def test_ddp_kwargs_accumulation_plugin_trigger_and_join_on_two_processes(tmp_pa
     assert torch.equal(rank0["local"], torch.full((1, 2), 1.0)) and torch.equal(rank1["local"], torch.full((1, 2), 2.0))
     assert torch.equal(rank0["trigger"], torch.full((1, 2), 3.0)) and torch.equal(rank1["trigger"], rank0["trigger"])
     assert (rank0["join_steps"], rank1["join_steps"]) == (3, 2)
+    assert torch.equal(rank0["rng"]["draw"], rank1["rng"]["draw"])
 
 
 def test_init_process_group_kwargs_timeout_ends_a_collective_with_an_absent_peer() -> None:

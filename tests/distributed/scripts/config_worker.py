@@ -69,6 +69,16 @@ def trigger() -> torch.Tensor:
     return model.module.weight.grad.clone()
 
 
+def synced_rng() -> dict:
+    """rng_types=["torch"]: every pass of a prepared loader starts from process 0's global generator,
+    so a draw after the first batch is the same on both ranks (each seeded differently before)."""
+    acc = Accelerator(rng_types=["generator", "torch"])
+    loader = acc.prepare(DataLoader(torch.ones(8, 2), batch_size=2))
+    torch.manual_seed(100 + acc.process_index)
+    next(iter(loader))
+    return {"draw": torch.rand(3)}
+
+
 def join() -> int:
     acc = Accelerator()
     model, optimizer = acc.prepare(_model(), torch.optim.SGD(_model().parameters(), lr=0.1))
@@ -86,7 +96,7 @@ def join() -> int:
 if __name__ == "__main__":
     out = sys.argv[1]
     results = {"find_unused": find_unused(), "synced": first_batch_grads(True), "local": first_batch_grads(False),
-               "trigger": trigger(), "join_steps": join()}
+               "trigger": trigger(), "join_steps": join(), "rng": synced_rng()}
     acc = Accelerator()
     torch.save(results, f"{out}/rank{acc.process_index}.pt")
     acc.end_training()
