@@ -8,6 +8,7 @@ One folder (its files: `snapshot`), written atomically and verified on every rea
         data_states_{rank}.pt                     each loader's state on each rank (streams, samplers)
         custom_checkpoint_{i}.pt                  objects given to register_for_checkpointing
         accelerator_state.json                    step, data positions, process count, precision
+        <files and folders of save hooks>         what register_save_state_pre_hook hooks wrote (`hooks`)
         manifest.json                             every file's size and CRC32, written last
     {project_dir}/checkpoints/.checkpoint_{i}.tmp a save in progress, claimed by one writer
 
@@ -31,7 +32,8 @@ Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); la
 (atomic_checkpoint, manifest); reader (CheckpointReader, is_intact, JSON limits); fastio
 (CheckpointWriter, streamed checksummed files); temp_folders (claimed temporary folders); renames
 (no-replace and exchange renames); background (async saves); rng (RNG capture and restore);
-model_io (save_model's safetensors weights, sharded in the Hugging Face layout).
+model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
+(Accelerate's save/load pre-hooks).
 """
 
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
