@@ -12,6 +12,7 @@ from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunic
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                             TorchDynamoPlugin)
 from .events import Callback, Event
+from .launchers import debug_launcher, notebook_launcher
 from .module import TrainModule
 from .partial_state import PartialState
 from .state import DistributedType
@@ -21,7 +22,7 @@ __all__ = [
     "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
     "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs", "GradientAccumulationPlugin",
     "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
-    "find_executable_batch_size", "skip_first_batches",
+    "debug_launcher", "find_executable_batch_size", "notebook_launcher", "skip_first_batches",
 ]
 
 
