@@ -526,3 +526,19 @@ def test_load_state_of_the_newest_survives_a_concurrent_pruner(tmp_path):
                 break
     assert [str(w.message) for w in caught] == []
     assert len(set(loaded)) > 1
+
+
+def test_a_parser_failing_because_the_folder_was_pruned_mid_read_is_a_deletion_not_damage(tmp_path):
+    """torch.load reports a file that vanished mid-read with its own RuntimeError, not an OSError;
+    once the folder is gone that is a deletion (load_state then picks another), never damage."""
+    acc = Accelerator(cpu=True)
+    acc.prepare(nn.Linear(2, 1))
+    folder = pathlib.Path(acc.save_state(tmp_path / "checkpoint"))
+    reader = CheckpointReader(folder)
+
+    def pruned_while_parsing(path: pathlib.Path) -> Any:
+        os.rename(folder, tmp_path / ".checkpoint.deleting")  # what pruning does first
+        raise RuntimeError(f"Unable to open file <{path}> in read-only mode: No such file or directory (2)")
+
+    with pytest.raises(CheckpointDeletedError, match="was deleted or replaced while it was being read"):
+        reader._decode("random_states_0.pt", pruned_while_parsing, "could not be read")

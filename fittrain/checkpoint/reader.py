@@ -181,11 +181,13 @@ class CheckpointReader:
         """Turns a failed read into `CheckpointDeletedError` when the folder has gone meanwhile.
 
         Pruning renames a folder away before deleting it, so a reader that lost the race sees
-        missing files; that is not damage, and the folder must not be reported as damaged.
+        missing files; that is not damage, and the folder must not be reported as damaged. Any
+        failure counts, not only an OSError: a parser that finds its file gone mid-read raises
+        its own error (torch: a RuntimeError "Unable to open file ... in read-only mode").
         """
         try:
             yield
-        except (CheckpointError, OSError) as err:
+        except Exception as err:
             if isinstance(err, CheckpointDeletedError) or self._is_still_there():
                 raise
             raise CheckpointDeletedError(
