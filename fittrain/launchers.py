@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 from .launch_config import MIXED_PRECISION_ENV, USE_CPU_ENV
 from .precision import check_precision
+from .trainer_parts import check_count
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int | None = None,
@@ -45,8 +46,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
     mixed_precision = check_precision(mixed_precision)
     if num_processes is None:
         num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    _check_count("num_processes", num_processes)
-    _check_count("num_nodes", num_nodes)
+    check_count("num_processes", num_processes)
+    check_count("num_nodes", num_nodes)
     if num_processes * num_nodes == 1:
         with _environment({MIXED_PRECISION_ENV: mixed_precision}):
             function(*args)
@@ -71,7 +72,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     check multi-process code on any machine. Returns when all finished; a failure is raised."""
     import torch.multiprocessing as mp
 
-    _check_count("num_processes", num_processes)
+    check_count("num_processes", num_processes)
     port = _free_port()
     with _environment({USE_CPU_ENV: "true"}):
         mp.start_processes(_Worker(function, num_processes, port), args=args, nprocs=num_processes,
@@ -88,11 +89,6 @@ class _Worker:
         os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(self.world_size),
                           LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
         self.function(*args)
-
-
-def _check_count(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r:.60}.")
 
 
 def _free_port() -> int:

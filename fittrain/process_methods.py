@@ -7,9 +7,8 @@ Accelerator share it. `ProcessMethods`, the Accelerator's mixin, adds what also 
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -57,7 +56,7 @@ class ProcessHelpers:
     @property
     def is_last_process(self) -> bool:
         """Whether this is the last global rank (the main process when there is one)."""
-        return self.state.process_index == self.state.num_processes - 1
+        return self.state.is_last_process
 
     @property
     def use_distributed(self) -> bool:
@@ -70,9 +69,8 @@ class ProcessHelpers:
         self.state.barrier()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print`, on the main process only."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
+        """`print`, on each node's main process only."""
+        self.state.print(*args, **kwargs)
 
     def gather(self, tensor: Any) -> Any:
         """Concatenates tensors (or nested structures of them) from all processes along dim 0."""
@@ -94,22 +92,15 @@ class ProcessHelpers:
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
         """A context that yields this process's share of `inputs`."""
-        return collectives.split_between_processes(inputs, self.state, apply_padding)
+        return self.state.split_between_processes(inputs, apply_padding)
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> ContextManager[None]:
         """Runs the block on the main process first, then on the others (e.g. to download once)."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
+    def local_main_process_first(self) -> ContextManager[None]:
         """Like `main_process_first`, per node (here: globally, which also orders every node)."""
-        with self.main_process_first():
-            yield
+        return self.state.local_main_process_first()
 
     # ----------------------------------------------------------------- triggers
     def set_trigger(self) -> None:

@@ -52,10 +52,12 @@ class GradientState:
     sync_with_dataloader: bool = True  # a loader's last batch closes the window (GradientAccumulationPlugin)
     adjust_scheduler: bool = True
     _passes: list[LoaderFlags] = dataclasses.field(default_factory=list, repr=False)
+    # What the flags read outside any pass; never written, so no object is made per step.
+    _idle: LoaderFlags = dataclasses.field(default_factory=LoaderFlags, repr=False, compare=False)
 
     @property
     def _flags(self) -> LoaderFlags:
-        return self._passes[-1] if self._passes else LoaderFlags()
+        return self._passes[-1] if self._passes else self._idle
 
     @property
     def end_of_dataloader(self) -> bool:
