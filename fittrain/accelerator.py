@@ -33,7 +33,7 @@ from .collectives import sync_rng_states
 from .data import BatchesShard
 from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
-from .checkpoint_methods import CheckpointMethods
+from .checkpoint_methods import CheckpointMethods, resolve_state_dict_type
 from .compile import compile_settings, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .compat_methods import CompatMethods
@@ -88,6 +88,10 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             loader does anyway), "torch" and "cuda" (process 0's global generators are copied to every
             process when a pass of a prepared loader starts).
         dynamo_plugin: Accelerate's `TorchDynamoPlugin` (torch.compile options), instead of `dynamo_backend`.
+        state_dict_type: How `save_state` writes models and optimizers: "sharded" (each process
+            writes its own shards with torch.distributed.checkpoint; nothing is gathered) or "full"
+            (gathered, `model.safetensors`). None: "sharded" under `strategy="fsdp"`, else "full"
+            (or Accelerate's FSDP_STATE_DICT_TYPE variable). `load_state` reads either kind.
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
@@ -96,7 +100,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                  step_scheduler_with_optimizer: bool = True, strategy: str = "auto",
                  fsdp_classes: Iterable[type] | None = None, dynamo_backend: str | None = None,
                  log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None,
-                 kwargs_handlers: Any = None, rng_types: Any = None, dynamo_plugin: Any = None) -> None:
+                 kwargs_handlers: Any = None, rng_types: Any = None, dynamo_plugin: Any = None,
+                 state_dict_type: str | None = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
@@ -105,6 +110,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         options = resolve_options(split_batches, even_batches, gradient_accumulation_steps, dataloader_config,
                                   gradient_accumulation_plugin, kwargs_handlers, rng_types)
         self.strategy = parallel.resolve_strategy(strategy)
+        self.state_dict_type = resolve_state_dict_type(state_dict_type, self.strategy)
         if project_config is not None and not isinstance(project_config, ProjectConfiguration):
             raise TypeError(
                 "`project_config` must be a fittrain.ProjectConfiguration or None. Received: "

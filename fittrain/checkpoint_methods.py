@@ -24,6 +24,7 @@ from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.restore import apply_state, read_state
+from .checkpoint.sharded import read_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
 from .state import ProcessState
@@ -43,6 +44,7 @@ class CheckpointMethods:
     _schedulers: list[Any]
     _dataloaders: list[Any]
     _custom_objects: list[Any]
+    state_dict_type: str
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Adds objects whose `state_dict()` travels in every `save_state`.
@@ -60,17 +62,25 @@ class CheckpointMethods:
 
     def _state_parts(self, gather: bool = True) -> StateParts:
         """The live objects a checkpoint covers; `gather=False` (for loading) skips collecting their
-        state dicts, leaving empty placeholders, one per model and optimizer."""
+        state dicts, leaving empty placeholders, one per model and optimizer. A sharded save takes
+        each rank's shards instead of gathering (`sharded`)."""
         models, optimizers = self._models, self._optimizers
+        sharded = self._sharded_states(len(models)) if gather and self.state_dict_type == "sharded" else None
+        if sharded is not None:  # nothing gathered, and no model or optimizer file written
+            model_states, optimizer_states = [], []
+        elif gather:
+            model_states = [self.get_state_dict(m) for m in models]
+            optimizer_states = [parallel.optimizer_state_dict(o, models) for o in optimizers]
+        else:
+            model_states, optimizer_states = [{} for _ in models], [{} for _ in optimizers]
         return StateParts(
-            model_state_dicts=[self.get_state_dict(m) for m in models] if gather else [{} for _ in models],
-            optimizer_state_dicts=([parallel.optimizer_state_dict(o, models) for o in optimizers] if gather
-                                   else [{} for _ in optimizers]),
+            model_state_dicts=model_states, optimizer_state_dicts=optimizer_states,
+            sharded=sharded,
             optimizers=optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
             custom=self._custom_objects, precision=self.precision,
             # The optimizers' classes let a load refuse another optimizer's state by name.
             accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
-                               "mixed_precision": self.mixed_precision,
+                               "mixed_precision": self.mixed_precision, "state_dict_type": self.state_dict_type,
                                "optimizer_types": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers]})
 
     # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
@@ -120,13 +130,13 @@ class CheckpointMethods:
             stage = self._background_checkpoints.stager() if async_save else None
             # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
             parts = self._state_parts()
-            staging = self._state_hooks.run_save(list(self._models), parts.model_state_dicts)
+            staging = self._run_save_hooks(parts)
             snapshot = capture_state(parts, self.process_index, self.is_main_process, stage)
             prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
 
-            def write(barrier: Callable[[], None]) -> None:
+            def write(barrier: Callable[[], None], group: Any = None) -> None:
                 try:
-                    write_checkpoint(target, snapshot, barrier, prune, reserved, staging)
+                    write_checkpoint(target, snapshot, barrier, prune, reserved, staging, group)
                 finally:
                     if staging is not None:
                         shutil.rmtree(staging, ignore_errors=True)
@@ -140,6 +150,36 @@ class CheckpointMethods:
                 reserved.release()  # does nothing once the folder is committed
             raise
         return os.fspath(target)
+
+    def _sharded_states(self, models: int) -> dict[str, Any]:
+        """This rank's own shards of the first `models` models and of every optimizer (no gathering)."""
+        from . import sharded_state  # imports torch.distributed.checkpoint: only for sharded checkpoints
+
+        states = {f"model_{i}": sharded_state.model_state(m) for i, m in enumerate(self._models[:models])}
+        states.update((f"optimizer_{i}", sharded_state.optimizer_state(o, self._models))
+                      for i, o in enumerate(self._optimizers))
+        return states
+
+    def _run_save_hooks(self, parts: StateParts) -> pathlib.Path | None:
+        """Runs the save pre-hooks on the weights about to be written; a model whose entry a hook
+        popped is left out of a sharded checkpoint too."""
+        if parts.sharded is None:
+            return self._state_hooks.run_save(list(self._models), parts.model_state_dicts)
+        weights = [parts.sharded[f"model_{i}"] for i in range(len(self._models))]
+        staging = self._state_hooks.run_save(list(self._models), weights)
+        for i in range(len(weights), len(self._models)):
+            del parts.sharded[f"model_{i}"]
+        return staging
+
+    def _load_shards(self, reader: CheckpointReader, index: Any, models: int) -> None:
+        """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective)."""
+        from . import sharded_state
+
+        filled = read_shards(reader, self._sharded_states(models), index)
+        for i in range(models):
+            sharded_state.load_model_state(self._models[i], filled[f"model_{i}"])
+        for i, optimizer in enumerate(self._optimizers):
+            sharded_state.load_optimizer_state(optimizer, self._models, filled[f"optimizer_{i}"])
 
     @property
     def _state_hooks(self) -> StateHooks:
@@ -239,12 +279,14 @@ class CheckpointMethods:
         parts = self._state_parts(gather=False)
         parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
         # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-        loaded = read_state(reader, parts, self.process_index)
+        share = lambda value: collectives.gather_object(value, self.state)  # noqa: E731
+        loaded = read_state(reader, parts, self.process_index, share)
         check_model_states(reader.path, loaded["models"],
                            [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
         apply_state(
             loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
-            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd))
+            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd),
+            lambda index: self._load_shards(reader, index, kept))
         self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
         return os.fspath(source)
@@ -256,3 +298,26 @@ def _refuse_options(method: str, options: dict[str, Any]) -> None:
         raise TypeError(f"{method}() got keyword arguments fittrain does not take: {', '.join(sorted(options))}. "
                         f"Received: {options!r:.120}. Remove them (fittrain's checkpoints need no save or load "
                         "options; see docs/checkpoints.md).")
+
+
+# Accelerate's FSDP plugin names, accepted as they are.
+_STATE_DICT_TYPES = {"full": "full", "sharded": "sharded", "full_state_dict": "full", "sharded_state_dict": "sharded"}
+
+
+def resolve_state_dict_type(value: str | None, strategy: str) -> str:
+    """"full" or "sharded": the value given, else Accelerate's FSDP_STATE_DICT_TYPE variable, else
+    "sharded" under FSDP2 (no rank gathers the model) and "full" otherwise.
+
+    Raises:
+        ValueError: for any other value, naming it.
+    """
+    source = "state_dict_type"
+    if value is None and os.environ.get("FSDP_STATE_DICT_TYPE"):
+        value, source = os.environ["FSDP_STATE_DICT_TYPE"], "the FSDP_STATE_DICT_TYPE environment variable"
+    if value is None:
+        return "sharded" if strategy == "fsdp" else "full"
+    resolved = _STATE_DICT_TYPES.get(value.lower()) if isinstance(value, str) else None
+    if resolved is None:
+        raise ValueError(f"Accelerator(state_dict_type=...) must be 'full' or 'sharded' (or Accelerate's "
+                         f"'FULL_STATE_DICT' / 'SHARDED_STATE_DICT'). Received: {value!r} from {source}.")
+    return resolved

@@ -139,6 +139,12 @@ class StagingBuffers:
         return memo[key]
 
     def _copy_node(self, obj: Any, devices: set[torch.device], copy_child: Callable[[Any], Any]) -> Any:
+        if type(obj).__name__ == "DTensor":  # a sharded state: copy this rank's shard, keep its layout
+            from torch.distributed.tensor import DTensor
+
+            local = self._copy_tensor(obj.to_local().detach(), devices)
+            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
+                                      shape=obj.shape, stride=obj.stride())
         if isinstance(obj, torch.Tensor):
             return self._copy_tensor(obj.detach(), devices)
         if isinstance(obj, dict):
@@ -206,18 +212,19 @@ class BackgroundCheckpoints:
         allocates anew."""
         self._buffers = StagingBuffers()
 
-    def start(self, folder: str | os.PathLike[str], write: Callable[[Callable[[], None]], None]) -> None:
-        """Waits for the previous write, then starts `write(barrier)` on a background thread.
+    def start(self, folder: str | os.PathLike[str], write: Callable[[Callable[[], None], Any], None]) -> None:
+        """Waits for the previous write, then starts `write(barrier, group)` on a background thread.
 
         Every process must call it at the same point (the first call makes a process group).
 
         Args:
             folder: The checkpoint folder being written.
-            write: Writes the folder, synchronising processes with the barrier it is given.
+            write: Writes the folder, synchronising processes with the barrier it is given; a
+                sharded write's collectives run on `group` (the writers' own; None for one process).
         """
         self.wait()
-        barrier = self._barrier()
-        self._pending = PendingCheckpoint(folder, lambda: write(barrier))
+        barrier, group = self._barrier(), self._group
+        self._pending = PendingCheckpoint(folder, lambda: write(barrier, group))
 
     def wait(self) -> None:
         """Blocks until the write in flight, if any, has ended, and re-raises its error."""

@@ -263,11 +263,12 @@ class CheckpointWriter:
         Every write_* method ends here. A `fill` that fails removes the partial file.
 
         Raises:
-            ValueError: `name` has folders in it or is the manifest's name.
+            ValueError: `name` leaves the folder or is the manifest's name. (A name in a subfolder,
+                "shards/values.pt", needs the subfolder to exist.)
         """
-        if not _is_plain_name(name):
+        if not is_listed_name(name):
             raise ValueError(
-                "A checkpoint file name must be a plain file name without folders, other than "
+                "A checkpoint file name must be a plain file name (or a path into a subfolder), other than "
                 f"{MANIFEST_NAME!r}. Received: name={name!r}. Pass a name such as 'optimizer.pt'."
             )
         path = self._path / name

@@ -25,7 +25,7 @@ from .errors import CheckpointError
 
 # The files save_state writes itself (checked when they are read); anything else came from a hook.
 _OWN_FILE = re.compile(r"(model|optimizer|scheduler)(_\d+)?\.(safetensors|pt)|custom_checkpoint_\d+\.pt|"
-                       r"(random|data)_states_\d+\.pt|scaler\.pt|accelerator_state\.json")
+                       r"(random|data)_states_\d+\.pt|scaler\.pt|accelerator_state\.json|shards/.*")
 
 
 class StateHooks:

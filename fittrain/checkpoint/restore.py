@@ -15,6 +15,7 @@ from . import checks
 from .errors import CheckpointError, CheckpointMismatchError
 from .reader import CheckpointReader
 from .rng import restore_rng_state
+from .sharded import read_index, saved_indices, verify_shards
 from .snapshot import META_NAME, StateParts, indexed_name
 
 
@@ -83,7 +84,29 @@ def _file_names(parts: StateParts) -> dict[str, list[str]]:
     }
 
 
-def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[str, Any]:
+def _read_shards(reader: CheckpointReader, parts: StateParts, meta: dict[str, Any], rank: int,
+                 share: Callable[[Any], list[Any]]) -> Any:
+    """Reads a sharded checkpoint's index, checks its model and optimizer counts and types, and
+    verifies every shard file (each rank a share); returns the index for `sharded.read_shards`."""
+    index = read_index(reader)
+    for kind, live in (("model", len(parts.model_state_dicts)), ("optimizer", len(parts.optimizers))):
+        saved = saved_indices(index[1], kind)
+        if saved != list(range(live)) and not (kind == "model" and saved[:live] == list(range(live))):
+            raise CheckpointMismatchError(
+                f"Checkpoint {reader.path} holds the shards of {len(saved)} {kind}(s), but this run has {live}. "
+                "Prepare the same models and optimizers, in the same order, as the run that saved it.")
+    saved_types, live_types = meta.get("optimizer_types"), parts.accelerator_state.get("optimizer_types")
+    if isinstance(saved_types, list) and saved_types != live_types:
+        raise CheckpointMismatchError(
+            f"Checkpoint {reader.path} holds the state of optimizers {saved_types}, but this run has {live_types}. "
+            "An optimizer's state loads only into the same kind of optimizer; prepare the ones the run that saved "
+            "it had.")
+    verify_shards(reader, rank, parts.accelerator_state["num_processes"], share)
+    return index
+
+
+def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
+               share: Callable[[Any], list[Any]] = lambda value: [value]) -> dict[str, Any]:
     """Reads and checks every file this process needs, without changing any live object.
 
     accelerator_state.json comes first (another process count or precision is refused before the
@@ -91,15 +114,24 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int) -> dict[s
     the prepared ones, the RNG state on fresh generators, the data positions' fields, so that
     `apply_state` cannot fail half-way (models: `check_model_states`).
 
+    A sharded checkpoint's shards are checked (metadata, checksums) but read only by `apply_state`:
+    DCP reads them straight into the live shards. `share` gathers a value from every process
+    (all_gather_object), so that all of them refuse a damaged shard together.
+
     Returns:
         The loaded pieces, to hand to `apply_state` once all of them proved intact.
     """
     meta = _read_meta(reader, parts.accelerator_state)
     names = _file_names(parts)
+    shards = None
+    if meta.get("state_dict_type") == "sharded":
+        shards = _read_shards(reader, parts, meta, rank, share)
+        names["models"], names["optimizers"] = [], []
     for kind, files in names.items():
         for name in files:
             _require(reader, name, f"a matching entry among its {kind}")
     loaded = {
+        "shards": shards,
         "models": [reader.read_tensors(n) for n in names["models"]],
         "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
         "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
@@ -127,14 +159,16 @@ def _check_loaded(folder: pathlib.Path, loaded: dict[str, Any], parts: StatePart
 
 
 def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None],
-                load_optimizer: Callable[[int, dict], None]) -> None:
+                load_optimizer: Callable[[int, dict], None],
+                load_shards: Callable[[Any], None] | None = None) -> None:
     """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
 
     Schedulers, registered objects and data loaders load first, all or none: their own
     load_state_dict may still refuse a state that `read_state` could not judge, and then the ones
     already loaded get their previous state back and `CheckpointError` names the file, before any
     model, optimizer or RNG is touched. What follows was fully checked by `read_state`. Models and optimizers load through
-    callables, which reshard full states under FSDP2.
+    callables, which reshard full states under FSDP2; a sharded checkpoint's through `load_shards`
+    (given `read_state`'s metadata; DCP reshards).
     """
     names = loaded["names"]
     data_file = f"data_states_{loaded['rank']}.pt"
@@ -143,6 +177,8 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
         *zip(names["custom"], parts.custom, loaded["custom"]),
         *((data_file, dl, state) for dl, state in zip(parts.dataloaders, loaded["data"]))])
     parts.precision.load_state_dict(loaded["scaler"])
+    if loaded["shards"] is not None and load_shards is not None:
+        load_shards(loaded["shards"])
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
     for i, state in enumerate(loaded["optimizers"]):

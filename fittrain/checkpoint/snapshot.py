@@ -10,6 +10,8 @@ Layout of one folder (written atomically through `folder.atomic_checkpoint`):
     data_states_{rank}.pt                         each prepared loader's state on that rank (stream
                                                   positions, dataset and sampler states), weights_only
     custom_checkpoint_{i}.pt                      objects given to register_for_checkpointing
+    shards/                                       instead of model and optimizer files, with
+                                                  state_dict_type="sharded": each rank's shards (`sharded`)
     accelerator_state.json                        step counter, data positions, world size
     manifest.json                                 every file's size and crc32, written last
 
@@ -33,6 +35,7 @@ from .errors import CheckpointError
 from .fastio import MANIFEST_NAME, CheckpointWriter
 from .folder import WRITER_MARKER, atomic_checkpoint
 from .rng import capture_rng_state
+from .sharded import SHARDS_DIR, write_shards
 from .temp_folders import TempFolder
 
 # The step counter, data positions and process count; read first on load: it says whether a run can resume.
@@ -56,6 +59,9 @@ class StateParts:
         optimizers, schedulers, dataloaders, custom: Objects with state_dict/load_state_dict.
         precision: The precision object (its scaler state is saved when fp16 is on).
         accelerator_state: Small JSON-safe facts, such as the accumulation step counter.
+        sharded: For a sharded checkpoint, every rank's own shards of the models and optimizers,
+            keyed "model_{i}" and "optimizer_{i}" (`sharded.write_shards`); the two lists of full
+            state dicts are then empty. None for a full checkpoint.
     """
 
     model_state_dicts: list[dict[str, torch.Tensor]]
@@ -66,6 +72,7 @@ class StateParts:
     custom: Sequence[Any]
     precision: Any
     accelerator_state: dict[str, Any]
+    sharded: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -85,6 +92,7 @@ class StateSnapshot:
         models, optimizers, schedulers, custom: State dicts, one per file, in file order.
         scaler: The fp16 GradScaler's state; empty without one (no file is written then).
         meta: The contents of accelerator_state.json, data positions included.
+        sharded: This rank's shards of the models and optimizers (every rank writes its own), or None.
     """
 
     rank: int
@@ -97,6 +105,7 @@ class StateSnapshot:
     custom: list[Any] = dataclasses.field(default_factory=list)
     scaler: dict[str, Any] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sharded: dict[str, Any] | None = None
 
 
 def capture_state(parts: StateParts, rank: int, is_main_process: bool,
@@ -118,9 +127,10 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
     rng = capture_rng_state()  # fresh tensors: never shared with the live generators
     # Loader states are small and may share containers with live iterators: always copy them.
     data = [copy.deepcopy(dl.state_dict()) for dl in parts.dataloaders]
-    if not is_main_process:
-        return StateSnapshot(rank, False, rng, data)
     own = stage or _same
+    sharded = None if parts.sharded is None else own(parts.sharded)
+    if not is_main_process:
+        return StateSnapshot(rank, False, rng, data, sharded=sharded)
     # The main process's positions, readable without torch (the full states are in data_states_*).
     positions = [{key: state[key] for key in POSITION_FIELDS} for state in data]
     meta = dict(parts.accelerator_state, dataloaders=positions)
@@ -130,7 +140,7 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
         optimizers=[own(state) for state in parts.optimizer_state_dicts],
         schedulers=[own(sched.state_dict()) for sched in parts.schedulers],
         custom=[own(obj.state_dict()) for obj in parts.custom],
-        scaler=own(parts.precision.state_dict()), meta=own(meta))
+        scaler=own(parts.precision.state_dict()), meta=own(meta), sharded=sharded)
 
 
 def _same(obj: Any) -> Any:
@@ -138,7 +148,8 @@ def _same(obj: Any) -> Any:
 
 
 def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
-    """Writes every file of one checkpoint from a snapshot; shared files from the main process only."""
+    """Writes every file of one checkpoint from a snapshot, but its shards (written by every rank
+    together in `write_checkpoint`); shared files from the main process only."""
     writer.write_torch(f"random_states_{snapshot.rank}.pt", snapshot.rng)
     writer.write_torch(f"data_states_{snapshot.rank}.pt", snapshot.data)
     if not snapshot.is_main_process:
@@ -158,7 +169,7 @@ def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
 
 def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Callable[[], None],
                      after_commit: Callable[[], None] | None = None, reserved: TempFolder | None = None,
-                     hook_files: pathlib.Path | None = None) -> None:
+                     hook_files: pathlib.Path | None = None, group: Any = None) -> None:
     """Writes a snapshot as a complete checkpoint folder (atomically), then runs `after_commit`.
 
     Every process calls it with the same `folder`; `barrier` synchronises them (on the thread
@@ -167,11 +178,14 @@ def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Cal
     claim from `ProjectConfiguration.reserve_next_checkpoint` (automatic naming): the folder is
     then committed without ever replacing one. Without it an existing `folder` is replaced.
     `hook_files`, on the main process, is a folder whose files (those save_state's pre-hooks
-    wrote) become part of the checkpoint, committed and checksummed with it.
+    wrote) become part of the checkpoint, committed and checksummed with it. `group` is the
+    process group a sharded write synchronises on (the barrier's; None: the default group).
     """
     with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier,
                            reserved=reserved) as writer:
         write_snapshot(writer, snapshot)
+        if snapshot.sharded is not None:  # a collective: every rank writes its shards, DCP synchronises them
+            write_shards(writer.path, snapshot.sharded, snapshot.is_main_process, writer.write_torch, group)
         if hook_files is not None and snapshot.is_main_process:
             copy_hook_files(hook_files, writer.path)
     if after_commit is not None:
@@ -189,7 +203,8 @@ def copy_hook_files(source: pathlib.Path, folder: pathlib.Path) -> None:
     for entry in sorted(source.rglob("*")):
         relative = entry.relative_to(source)
         top = relative.parts[0]
-        clashes = (top in (MANIFEST_NAME, WRITER_MARKER) or top.startswith(("random_states_", "data_states_"))
+        clashes = (top in (MANIFEST_NAME, WRITER_MARKER, SHARDS_DIR)
+                   or top.startswith(("random_states_", "data_states_"))
                    or (len(relative.parts) == 1 and (folder / top).exists()))
         if clashes:
             raise CheckpointError(

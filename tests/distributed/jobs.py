@@ -9,6 +9,7 @@ This module has a name of its own (not conftest) so test modules can import it u
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from types import ModuleType
 from typing import Any
 
@@ -66,10 +68,39 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: Marks every process of one job (inherited by the workers), so that all of them can be found.
+_JOB_MARK = "FITTRAIN_TEST_JOB"
+
+
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Starts a job in its own process group, so it can be killed with all its workers."""
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env or job_env(), start_new_session=True)
+    """Starts a job in its own process group, marked so that `kill` finds all its workers."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**(env or job_env()), _JOB_MARK: mark}, start_new_session=True)
+    proc.job_mark = mark  # type: ignore[attr-defined]
+    return proc
+
+
+def _marked_processes(mark: str) -> list[int]:
+    """The pids of the live processes whose environment carries `mark` (Linux's /proc)."""
+    wanted, found = f"{_JOB_MARK}={mark}".encode(), []
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kills a job with every process it started. torchrun starts each worker in a session of its
+    own, so killing the launcher's process group would leave the workers running."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in _marked_processes(getattr(proc, "job_mark", "")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT) -> Finished:
@@ -77,7 +108,7 @@ def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT)
     try:
         output, _ = proc.communicate(timeout=max(timeout - (time.monotonic() - started), 1.0))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill(proc)
         output, _ = proc.communicate()
         pytest.fail(f"job still running after {timeout:.0f}s; killed it. Output:\n{output[-6000:]}")
     _kill_stragglers(proc)
@@ -85,12 +116,9 @@ def finish(proc: subprocess.Popen, started: float, timeout: float = JOB_TIMEOUT)
 
 
 def _kill_stragglers(proc: subprocess.Popen) -> None:
-    """Kills what is left of a finished job's process group: a launcher that failed may leave
-    workers behind, which would otherwise run (or wait) forever."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the usual case: the whole group has exited
+    """Kills what is left of a finished job: a launcher that failed may leave workers behind,
+    which would otherwise run (or wait) forever. Usually nothing is left."""
+    kill(proc)
 
 
 #: Launcher flags whose value is the rendezvous port, and what a port taken by someone else reads like.
@@ -128,7 +156,7 @@ def run_together(commands: list[list[str]], timeout: float = JOB_TIMEOUT) -> lis
     finally:
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill(proc)
                 proc.communicate()
 
 

@@ -1,0 +1,209 @@
+"""Sharded model and optimizer state: each rank writes its own shards with torch.distributed.checkpoint.
+
+A sharded checkpoint keeps the models and optimizers in one subfolder instead of
+`model.safetensors` and `optimizer.pt`:
+
+    shards/__{rank}_0.distcp    the tensors each rank holds (its FSDP2 shards; a replicated tensor
+                                is written once, by one rank), written in parallel by DCP
+    shards/metadata.json        where every chunk of every tensor lies (`dcp_io`; never pickled)
+    shards/values.pt            the rest of each state (an optimizer's param_groups), weights_only
+
+No rank gathers the full state: each writes its shard, so memory grows with the shard, not the
+model. Loading reshards: every rank reads the chunks that overlap what it holds now, on any
+number of processes. The files are covered by the checkpoint's manifest like any other; each rank
+checks the checksums of a share of them before DCP reads (`verify_shards`).
+
+The state of a model is keyed `model_{i}/{name}`, of an optimizer `optimizer_{i}/{path}`, paths
+joined with "/" (parameter names contain dots).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import CheckpointError, CheckpointMismatchError
+from .renames import fsync_dir
+
+# torch.distributed.checkpoint (`dcp_io`) is imported when a sharded checkpoint is written or
+# read: it takes half a second to import, which every other run would pay at `import fittrain`.
+SHARDS_DIR = "shards"
+VALUES_NAME = f"{SHARDS_DIR}/values.pt"
+METADATA_PATH = f"{SHARDS_DIR}/metadata.json"
+
+
+def split_tensors(tree: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Moves every tensor of `tree` into `tensors` (keyed by path); returns the rest of the tree.
+
+    Dict entries holding a tensor are left out of the rest; list items become None.
+    """
+    if isinstance(tree, torch.Tensor):
+        tensors[prefix] = tree
+        return None
+    if isinstance(tree, dict):
+        rest = {}
+        for key, value in tree.items():
+            kept = split_tensors(value, f"{prefix}/{key}", tensors)
+            if not isinstance(value, torch.Tensor):
+                rest[key] = kept
+        return rest
+    if isinstance(tree, (list, tuple)):
+        return [split_tensors(value, f"{prefix}/{i}", tensors) for i, value in enumerate(tree)]
+    return tree
+
+
+def merge_values(tensors_tree: Any, values: Any) -> Any:
+    """`tensors_tree` (a live state, its tensors loaded) with every non-tensor value from `values`."""
+    if isinstance(values, dict) and isinstance(tensors_tree, dict):
+        merged = dict(tensors_tree)
+        for key, value in values.items():
+            merged[key] = merge_values(tensors_tree.get(key), value)
+        return merged
+    if isinstance(values, list) and isinstance(tensors_tree, (list, tuple)) and len(values) == len(tensors_tree):
+        return [merge_values(t, v) for t, v in zip(tensors_tree, values)]
+    if values is None and isinstance(tensors_tree, torch.Tensor):
+        return tensors_tree
+    return values
+
+
+def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: bool,
+                 write_values: Callable[[str, Any], None], group: Any = None) -> None:
+    """Every rank writes its shards of `states` into `folder/shards` (collective).
+
+    Args:
+        folder: The checkpoint folder being written (its temporary path).
+        states: {"model_0": state dict, "optimizer_0": optimizer state dict, ...}, sharded
+            (DTensors under FSDP2) or replicated (plain tensors).
+        is_main_process: Whether this rank writes `values.pt` (the same on every rank).
+        write_values: Writes a weights_only file into the checkpoint (`CheckpointWriter.write_torch`).
+        group: The process group DCP synchronises on (None: the default group).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from .dcp_io import JsonWriter
+
+    tensors: dict[str, torch.Tensor] = {}
+    values = {name: split_tensors(state, name, tensors) for name, state in states.items()}
+    (folder / SHARDS_DIR).mkdir(exist_ok=True)
+    dcp.save(tensors, storage_writer=JsonWriter(folder / SHARDS_DIR), planner=DefaultSavePlanner(),
+             process_group=group, no_dist=not dist.is_initialized())
+    fsync_dir(folder / SHARDS_DIR)  # DCP fsyncs its files, not the folder's entries for them
+    if is_main_process:
+        write_values(VALUES_NAME, values)
+
+
+def read_index(reader: Any) -> tuple[Any, dict[str, Any]]:
+    """Parses shards/metadata.json and reads values.pt (both verified against the manifest first).
+
+    Returns:
+        DCP's metadata, and the non-tensor values of every saved state, keyed by state name.
+    """
+    from .dcp_io import metadata_from_json
+
+    data = reader.read_json(METADATA_PATH)
+    try:
+        metadata = metadata_from_json(data)
+    except ValueError as err:
+        raise CheckpointError(f"Checkpoint file {reader.path / METADATA_PATH} is damaged: {err}. Nothing was "
+                              "loaded; load another checkpoint.") from None
+    values = reader.read_torch(VALUES_NAME)
+    if not (isinstance(values, dict) and all(isinstance(key, str) for key in values)):
+        raise CheckpointError(f"Checkpoint file {reader.path / VALUES_NAME} is damaged: it is not a dict of states "
+                              "keyed by name. Nothing was loaded; load another checkpoint.")
+    return metadata, values
+
+
+def saved_indices(values: dict[str, Any], kind: str) -> list[int]:
+    """The indices i of the "{kind}_{i}" states a sharded checkpoint holds, sorted."""
+    found = []
+    for name in values:
+        prefix, _, number = name.rpartition("_")
+        if prefix == kind and number.isdigit():
+            found.append(int(number))
+    return sorted(found)
+
+
+def check_against(folder: pathlib.Path, metadata: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuses a checkpoint whose shards do not hold every live tensor, with the same size and dtype."""
+    saved = metadata.state_dict_metadata
+    for key, tensor in tensors.items():
+        entry = saved.get(key)
+        if entry is None:
+            raise CheckpointMismatchError(
+                f"Checkpoint {folder} has no {key!r} in its shards, but this run has it. Prepare the same models and "
+                "optimizers, in the same order, as the run that saved it. Nothing was loaded.")
+        if tuple(entry.size) != tuple(tensor.shape) or entry.properties.dtype != tensor.dtype:
+            raise CheckpointMismatchError(
+                f"Checkpoint {folder} holds {key!r} as {entry.properties.dtype} of shape {tuple(entry.size)}, but this "
+                f"run has {tensor.dtype} of shape {tuple(tensor.shape)}. Load it into the model it was saved from. "
+                "Nothing was loaded.")
+    names = {key.split("/", 1)[0] for key in tensors}
+    extra = sorted(key for key in saved if key.split("/", 1)[0] in names and key not in tensors)
+    if extra:
+        raise CheckpointMismatchError(
+            f"Checkpoint {folder} holds {len(extra)} tensors this run does not have, e.g. {extra[0]!r}. Prepare the "
+            "same models and optimizers as the run that saved it. Nothing was loaded.")
+
+
+def shard_files(reader: Any) -> list[str]:
+    """The checkpoint's shard files (those DCP reads), in manifest order."""
+    return [name for name in reader.names() if name.startswith(f"{SHARDS_DIR}/") and name.endswith(".distcp")]
+
+
+def verify_shards(reader: Any, rank: int, world: int, share: Callable[[Any], list[Any]]) -> None:
+    """Checks every shard file's checksum, each rank a share, and raises the same error on all ranks.
+
+    Args:
+        reader: The checkpoint's reader.
+        rank, world: This process and the number of processes.
+        share: Gathers one value from every rank to every rank (all_gather_object).
+
+    Raises:
+        CheckpointError: naming the first damaged shard file, on every rank.
+    """
+    problem = None
+    for name in shard_files(reader)[rank::world]:
+        try:
+            reader.verify([name])
+        except CheckpointError as err:
+            problem = (type(err).__name__, str(err))
+            break
+    found = [p for p in share(problem) if p is not None]
+    if found:
+        kind, message = found[0]
+        raise (CheckpointError if kind == "CheckpointError" else _error_types()[kind])(message)
+
+
+def _error_types() -> dict[str, type[CheckpointError]]:
+    from .errors import CheckpointDeletedError
+    return {"CheckpointDeletedError": CheckpointDeletedError, "CheckpointMismatchError": CheckpointMismatchError}
+
+
+def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
+    """Loads the saved tensors into the live `states`' tensors (collective), then their saved values.
+
+    Args:
+        reader: The checkpoint's reader (shard files already verified).
+        states: Live states keyed as in `write_shards`; their tensors (local shards) are filled in place.
+        index: `read_index`'s result.
+
+    Returns:
+        The states with the saved non-tensor values (e.g. param_groups) merged in, to load.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from .dcp_io import JsonReader, TensorsOnlyLoadPlanner
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, state in states.items():
+        split_tensors(state, name, tensors)
+    metadata, values = index
+    check_against(reader.path, metadata, tensors)
+    dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
+             planner=TensorsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
+    return {name: merge_values(state, values.get(name, {})) for name, state in states.items()}
+

@@ -1,0 +1,98 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) under FSDP2 on 2 and 4 real gloo processes.
+
+Each rank writes its own shards; a resume is bitwise; an asynchronous sharded save killed in the
+middle leaves the previous checkpoint "latest" and intact; a damaged shard is named on every rank
+and passed over for the previous checkpoint (scripts/sharded_worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+
+import pytest
+import torch
+
+from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
+from jobs import JOB_TIMEOUT, assert_state_equal, finish, job_env, kill, run, start, torchrun
+
+
+def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
+    return [json.loads((out / f"{prefix}{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathlib.Path, nproc: int) -> None:
+    run(torchrun(nproc, "sharded_worker.py", "resume", "--out", str(tmp_path))).check()
+    ranks = _ranks(tmp_path, "rank", nproc)
+    assert all(rank["equal"] and rank["resumed_at"] == 3 for rank in ranks)
+    folder = tmp_path / "project" / "checkpoints" / "checkpoint_0"
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    shards = [f"shards/__{r}_0.distcp" for r in range(nproc)]
+    assert set(shards) <= set(files)
+    # No full-state files: nothing was gathered.
+    assert not [f for f in files if f.startswith(("model", "optimizer"))]
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())["files"]
+    assert set(files) - {MANIFEST_NAME} == set(manifest)
+    # Each rank's file holds its shard of the model and of AdamW's two moments (x3), plus a
+    # small header per tensor and the replicated step counters (~50 kB): not the whole model.
+    total = sum(rank["local_bytes"] for rank in ranks)
+    for r, rank in enumerate(ranks):
+        size = (folder / shards[r]).stat().st_size
+        assert 3 * rank["local_bytes"] <= size < 3 * rank["local_bytes"] + 50_000, (r, size, rank["local_bytes"])
+        assert size < 0.75 * 3 * total
+    assert_state_equal(torch.load(tmp_path / "final_resume.pt"), torch.load(tmp_path / "final_uninterrupted.pt"))
+
+
+def _wait_for_a_half_written_save(proc, checkpoints: pathlib.Path) -> pathlib.Path:
+    """Waits (with a deadline) until a committed checkpoint exists and a newer one is half written."""
+    deadline = time.monotonic() + JOB_TIMEOUT / 2
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended (exit {proc.returncode}) before a save was caught half-written:\n"
+                        f"{proc.communicate()[0][-4000:]}")
+        committed = list_checkpoints(checkpoints) if checkpoints.is_dir() else []
+        temps = sorted(checkpoints.glob(".checkpoint_*.tmp")) if checkpoints.is_dir() else []
+        for temp in temps:
+            names = os.listdir(temp) if temp.exists() else []
+            if committed and "random_states_0.pt" in names and MANIFEST_NAME not in names:
+                return temp
+        time.sleep(0.01)
+    pytest.fail("no save was caught half-written before the deadline")
+
+
+def test_an_async_sharded_save_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path: pathlib.Path) -> None:
+    checkpoints = tmp_path / "project" / "checkpoints"
+    proc = start(torchrun(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "40",
+                          "--slow", "0.5"), job_env())
+    started = time.monotonic()
+    try:
+        temp = _wait_for_a_half_written_save(proc, checkpoints)
+    finally:
+        kill(proc)
+        finish(proc, started)
+    survivors = list_checkpoints(checkpoints)
+    assert survivors and all(is_intact(folder) for folder in survivors)
+    assert not (checkpoints / temp.name[1:-len(".tmp")]).exists()  # the killed save never appeared
+    # The next run resumes from the newest intact checkpoint and ends as an uninterrupted run does.
+    run(torchrun(2, "sharded_worker.py", "continue", "--out", str(tmp_path), "--steps", "8", "--tag", "after")).check()
+    run(torchrun(2, "sharded_worker.py", "reference", "--out", str(tmp_path), "--steps", "8", "--tag", "ref")).check()
+    assert_state_equal(torch.load(tmp_path / "final_after.pt"), torch.load(tmp_path / "final_ref.pt"))
+
+
+def test_a_damaged_shard_is_named_on_every_rank_and_the_previous_checkpoint_loads(tmp_path: pathlib.Path) -> None:
+    run(torchrun(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "2")).check()
+    checkpoints = tmp_path / "project" / "checkpoints"
+    newest = list_checkpoints(checkpoints)[-1]
+    shard = newest / "shards" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    run(torchrun(2, "sharded_worker.py", "load", "--out", str(tmp_path), "--ckpt", str(newest))).check()
+    for facts in _ranks(tmp_path, "load", 2):
+        assert facts["explicit"].startswith("CheckpointError") and "__1_0.distcp" in facts["explicit"], facts
+        assert facts["unchanged"]
+        # load_state() passes over the damaged newest checkpoint (with a warning) for the one before.
+        assert facts["newest"] == list_checkpoints(checkpoints)[-2].name and facts["step"] == 1
