@@ -19,8 +19,10 @@ joined with "/" (parameter names contain dots).
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -69,6 +71,17 @@ def merge_values(tensors_tree: Any, values: Any) -> Any:
     return values
 
 
+@contextlib.contextmanager
+def _one_process_is_fine() -> Iterator[None]:
+    """Silences DCP's warning that it runs without a process group: on one process that is the intent."""
+    if dist.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: bool,
                  write_values: Callable[[str, Any], None], group: Any = None) -> None:
     """Every rank writes its shards of `states` into `folder/shards` (collective).
@@ -89,8 +102,9 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
     tensors: dict[str, torch.Tensor] = {}
     values = {name: split_tensors(state, name, tensors) for name, state in states.items()}
     (folder / SHARDS_DIR).mkdir(exist_ok=True)
-    dcp.save(tensors, storage_writer=JsonWriter(folder / SHARDS_DIR), planner=DefaultSavePlanner(),
-             process_group=group, no_dist=not dist.is_initialized())
+    with _one_process_is_fine():
+        dcp.save(tensors, storage_writer=JsonWriter(folder / SHARDS_DIR), planner=DefaultSavePlanner(),
+                 process_group=group, no_dist=not dist.is_initialized())
     fsync_dir(folder / SHARDS_DIR)  # DCP fsyncs its files, not the folder's entries for them
     if is_main_process:
         write_values(VALUES_NAME, values)
@@ -203,7 +217,8 @@ def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str,
         split_tensors(state, name, tensors)
     metadata, values = index
     check_against(reader.path, metadata, tensors)
-    dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
-             planner=TensorsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
+    with _one_process_is_fine():
+        dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
+                 planner=TensorsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
     return {name: merge_values(state, values.get(name, {})) for name, state in states.items()}
 
