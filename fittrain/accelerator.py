@@ -429,11 +429,17 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                    safe_serialization: bool = True) -> None:
         """Writes the unwrapped model's weights as safetensors (sharded past `max_shard_size`).
 
-        Every process must call it under FSDP2, which gathers the shards; only the main process writes.
+        Every process must call it under FSDP2, which gathers the weights one tensor at a time,
+        streaming them shard by shard: no process holds more than one file's worth of the
+        model. Only the main process writes.
         """
-        state_dict = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+        if parallel.is_fsdp(parallel.unwrap(model)):
+            from .sharded_state import full_tensors, model_state
+
+            save_model_weights(model_state(model), save_directory, max_shard_size, safe_serialization,
+                               materialize=full_tensors, is_main_process=self.is_main_process)
+        elif self.is_main_process:
+            save_model_weights(self.get_state_dict(model), save_directory, max_shard_size, safe_serialization)
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Saves `obj` with torch.save (or safetensors) from the main process only."""

@@ -75,3 +75,12 @@ def load_optimizer_state(optimizer: Any, models: Iterable[nn.Module], state: dic
             group.update({key: value for key, value in saved.items() if key != "params"})
         return
     set_optimizer_state_dict(_owner(optimizer, models), inner, state, options=_SHARDED)
+
+
+def full_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole CPU tensors of some of a state dict's DTensors, gathered one at a time (every rank
+    calls it with the same keys: each gather is a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    return {key: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+            for key, value in tensors.items()}

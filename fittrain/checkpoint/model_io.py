@@ -166,6 +166,9 @@ def save_model_weights(
     save_directory: str | os.PathLike[str],
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
+    *,
+    materialize: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    is_main_process: bool = True,
 ) -> list[pathlib.Path]:
     """Writes a state_dict as one weights file, or as shards plus an index.
 
@@ -179,9 +182,14 @@ def save_model_weights(
         save_directory: The folder to write; it is created if missing.
         max_shard_size: The largest shard, as an int of bytes or a string such as "5MB".
         safe_serialization: Write safetensors when True, ``torch.save`` ``.bin`` files when False.
+        materialize: Turns one shard's tensors into whole tensors before it is written, such as
+            FSDP2's DTensors gathered one at a time (a collective: every process calls this
+            function with the same state dict). One shard is whole at a time, so memory stays
+            within `max_shard_size`, not the model's size. Shards are planned by global sizes.
+        is_main_process: Whether this process writes the files (the others only materialize).
 
     Returns:
-        The paths written: the weights files, then the index if there is one.
+        The paths written: the weights files, then the index if there is one (on the main process).
 
     Raises:
         ValueError: `max_shard_size` is not a valid size, or a tensor is on the meta device.
@@ -191,13 +199,19 @@ def save_model_weights(
     _check_state_dict(state_dict)
     family = _SAFETENSORS if safe_serialization else _PICKLE
     directory = pathlib.Path(save_directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    if is_main_process:
+        directory.mkdir(parents=True, exist_ok=True)
     shards = _split(state_dict, limit)
     names = [family.single] if len(shards) == 1 else [
         family.shard(number, len(shards)) for number in range(1, len(shards) + 1)
     ]
     for name, shard in zip(names, shards):
-        _write_shard(directory / name, shard, family)
+        whole = shard if materialize is None else materialize(shard)
+        if is_main_process:
+            _write_shard(directory / name, whole, family)
+        del whole  # before the next shard is materialized
+    if not is_main_process:
+        return []
     written = [directory / name for name in names]
     if len(shards) > 1:
         total = sum(t.numel() * t.element_size() for t in state_dict.values())

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
 from jobs import JOB_TIMEOUT, assert_state_equal, finish, job_env, kill, run, start, torchrun
@@ -43,7 +44,14 @@ def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathl
         size = (folder / shards[r]).stat().st_size
         assert 3 * rank["local_bytes"] <= size < 3 * rank["local_bytes"] + 50_000, (r, size, rank["local_bytes"])
         assert size < 0.75 * 3 * total
-    assert_state_equal(torch.load(tmp_path / "final_resume.pt"), torch.load(tmp_path / "final_uninterrupted.pt"))
+    final = torch.load(tmp_path / "final_resume.pt")
+    assert_state_equal(final, torch.load(tmp_path / "final_uninterrupted.pt"))
+    # save_model streamed the sharded weights into Hugging Face's layout, readable with safetensors alone.
+    index = json.loads((tmp_path / "weights" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 3
+    weights = {k: v for name in files for k, v in load_file(tmp_path / "weights" / name).items()}
+    assert_state_equal(weights, final)
 
 
 def _wait_for_a_half_written_save(proc, checkpoints: pathlib.Path) -> pathlib.Path:

@@ -8,7 +8,8 @@ with s, each rank taking its rows, so any number of processes trains on the same
 Modes:
     resume      trains --steps, saving a sharded checkpoint after --save-at; then a
                 fresh model, optimizer and Accelerator load it and train the rest: the two ends
-                must be bitwise equal. Writes DIR/rank{r}.json and DIR/final_resume.pt.
+                must be bitwise equal. Writes DIR/rank{r}.json, DIR/final_resume.pt, and the
+                weights with save_model(max_shard_size="100KB") to DIR/weights.
     continue    loads --ckpt (or, without it, the newest under DIR/project) and trains to --steps;
                 writes DIR/final_{--tag}.pt.
     reference   trains --steps without saving; writes DIR/final_{--tag}.pt.
@@ -97,6 +98,7 @@ def resume(args: argparse.Namespace) -> None:
     while counter.step < args.steps:
         train_step(accelerator, model, optimizer, scheduler, counter)
     second = save_final(accelerator, model, out / "final_resume.pt")
+    accelerator.save_model(model, out / "weights", max_shard_size="100KB")  # streamed, shard by shard
     rank = accelerator.process_index
     facts = {"resumed_at": resumed_at, "num_processes": accelerator.num_processes,
              "equal": all(torch.equal(first[k], second[k]) for k in first) and list(first) == list(second),
