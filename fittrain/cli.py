@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from . import launch_config
+from . import consolidate, launch_config
 from .launch_config import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from .parallel import STRATEGIES, STRATEGY_ENV
 from .precision import PRECISIONS
@@ -133,15 +133,16 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `fittrain` argument parser, with `--version` and the `launch` and `env` subcommands."""
+    """The `fittrain` argument parser, with `--version` and the `launch`, `env` and `consolidate` subcommands."""
     parser = argparse.ArgumentParser(
         prog="fittrain", description="fittrain: train PyTorch models on one or many processes.",
         epilog=_MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line(),
                         help="print fittrain's and torch's versions and exit")
-    subparsers = parser.add_subparsers(title="commands", metavar="{launch,env}")
+    subparsers = parser.add_subparsers(title="commands", metavar="{launch,env,consolidate}")
     _add_launch_parser(subparsers)
     _add_env_parser(subparsers)
+    consolidate.add_parser(subparsers)
     return parser
 
 

@@ -1,7 +1,7 @@
 """Sharded checkpoints on one process: the layout, exact resume, and what a bad or hostile file gets.
 
 One process writes every shard itself (DCP without a process group), so the format and every
-refusal can be tested here; tests/distributed/test_sharded_checkpoint.py runs 2 and 4 processes.
+refusal can be tested here; tests/distributed/test_sharded_fsdp.py runs 2 and 4 processes.
 """
 
 from __future__ import annotations

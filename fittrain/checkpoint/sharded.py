@@ -208,17 +208,23 @@ def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str,
     Returns:
         The states with the saved non-tensor values (e.g. param_groups) merged in, to load.
     """
-    import torch.distributed.checkpoint as dcp
-
-    from .dcp_io import JsonReader, TensorsOnlyLoadPlanner
-
     tensors: dict[str, torch.Tensor] = {}
     for name, state in states.items():
         split_tensors(state, name, tensors)
     metadata, values = index
     check_against(reader.path, metadata, tensors)
+    read_tensors(reader, tensors, metadata)
+    return {name: merge_values(state, values.get(name, {})) for name, state in states.items()}
+
+
+
+def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any) -> None:
+    """Fills `tensors` (keyed by saved name; DTensors: their local shards) in place from the shard
+    files, reading only the chunks that overlap them (a collective when a process group exists)."""
+    import torch.distributed.checkpoint as dcp
+
+    from .dcp_io import JsonReader, TensorsOnlyLoadPlanner
+
     with _one_process_is_fine():
         dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
                  planner=TensorsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
-    return {name: merge_values(state, values.get(name, {})) for name, state in states.items()}
-

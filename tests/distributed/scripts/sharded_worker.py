@@ -8,7 +8,8 @@ with s, each rank taking its rows, so any number of processes trains on the same
 Modes:
     resume      trains --steps, saving a sharded checkpoint after --save-at; then a
                 fresh model, optimizer and Accelerator load it and train the rest: the two ends
-                must be bitwise equal. Writes DIR/rank{r}.json, DIR/final_resume.pt, and the
+                must be bitwise equal. Writes DIR/rank{r}.json, DIR/final_resume.pt, the weights
+                loaded from the checkpoint to DIR/at_checkpoint.pt, and the
                 weights with save_model(max_shard_size="100KB") to DIR/weights.
     continue    loads --ckpt (or, without it, the newest under DIR/project) and trains to --steps;
                 writes DIR/final_{--tag}.pt.
@@ -94,6 +95,7 @@ def resume(args: argparse.Namespace) -> None:
     first = save_final(accelerator, model, out / "final_uninterrupted.pt")
     accelerator, model, optimizer, scheduler, counter = build(out, args.state_dict_type)
     accelerator.load_state(folder)
+    save_final(accelerator, model, out / "at_checkpoint.pt")
     resumed_at = counter.step
     while counter.step < args.steps:
         train_step(accelerator, model, optimizer, scheduler, counter)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
+from fittrain.consolidate import consolidate
 from jobs import JOB_TIMEOUT, assert_state_equal, finish, job_env, kill, run, start, torchrun
 
 
@@ -52,6 +53,12 @@ def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathl
     assert len(files) >= 3
     weights = {k: v for name in files for k, v in load_file(tmp_path / "weights" / name).items()}
     assert_state_equal(weights, final)
+    # Offline, on one process, the shards every rank wrote become whole weights again.
+    consolidate(folder, tmp_path / "consolidated", max_shard_size="100KB")
+    index = json.loads((tmp_path / "consolidated" / "model.safetensors.index.json").read_text())
+    weights = {k: v for name in set(index["weight_map"].values())
+               for k, v in load_file(tmp_path / "consolidated" / name).items()}
+    assert_state_equal(weights, torch.load(tmp_path / "at_checkpoint.pt"))
 
 
 def _wait_for_a_half_written_save(proc, checkpoints: pathlib.Path) -> pathlib.Path:
