@@ -10,8 +10,7 @@ import secrets
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from fittrain import parallel
-from fittrain.checkpoint import CheckpointError, load_model_weights
+from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.naming import PREFIX, ProjectConfiguration, delete_checkpoints, is_checkpoint_name
 from fittrain.events import Callback
 
@@ -317,9 +316,9 @@ class Checkpointer(Callback):
                           f"monitor={self.monitor!r} was saved in this fit, so the module keeps its last weights. "
                           "Train long enough for a save (every_n_steps / every_n_epochs).", stacklevel=2)
             return
-        # Every process reads the file: DDP replicas stay equal, and FSDP2 re-shards the full dict
-        # (a collective every process joins), as a resume does.
-        parallel.load_full_state_dict(trainer.module, load_model_weights(trainer.best_checkpoint))
+        # Every process loads: DDP replicas stay equal; under FSDP2 each rank reads its shard of a
+        # sharded checkpoint, or re-shards a full one (collectives every process joins), as a resume does.
+        trainer.accelerator._restore_weights(trainer.best_checkpoint, trainer.module)
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Waits for a checkpoint still being written, so it is complete before the process may exit.

@@ -24,7 +24,8 @@ from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.restore import apply_state, read_state
-from .checkpoint.sharded import read_shards
+from .checkpoint.model_io import load_model_weights
+from .checkpoint.sharded import METADATA_PATH, read_index, read_shards, verify_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
 from .state import ProcessState
@@ -170,6 +171,25 @@ class CheckpointMethods:
         for i in range(len(weights), len(self._models)):
             del parts.sharded[f"model_{i}"]
         return staging
+
+    def _restore_weights(self, folder: str | os.PathLike, model: nn.Module) -> None:
+        """Loads only `model`'s weights from a checkpoint folder; every process calls it.
+
+        A sharded checkpoint loads each rank's shard (nothing is gathered); a full one is read
+        whole and resharded under FSDP2. (`Checkpointer(restore_best=True)` uses it.)
+        """
+        reader = CheckpointReader(folder)
+        if not reader.has(METADATA_PATH):
+            parallel.load_full_state_dict(model, load_model_weights(folder))
+            return
+        from . import sharded_state
+
+        index = read_index(reader)
+        verify_shards(reader, self.process_index, self.num_processes,
+                      lambda value: collectives.gather_object(value, self.state))
+        i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
+        filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
+        sharded_state.load_model_state(model, filled[f"model_{i}"])
 
     def _load_shards(self, reader: CheckpointReader, index: Any, models: int) -> None:
         """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective)."""

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fittrain import Accelerator
-from fittrain.checkpoint import CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint import CheckpointError, CheckpointMismatchError, load_model_weights
 from fittrain.checkpoint.dcp_io import metadata_from_json
 from fittrain.checkpoint.fastio import file_checksum
 
@@ -86,6 +86,15 @@ def test_a_full_run_loads_a_sharded_checkpoint_and_the_other_way_round(saved, tm
     sharded = _run()
     sharded[0].load_state(full)
     assert all(torch.equal(_weights(sharded[1])[k], _weights(parts[1])[k]) for k in expected)
+
+
+def test_load_model_weights_assembles_a_sharded_checkpoints_model(saved, tmp_path) -> None:
+    folder, _ = saved
+    parts = _run()
+    parts[0].load_state(folder)
+    weights = load_model_weights(folder)
+    assert sorted(weights) == sorted(parts[1].state_dict())
+    assert all(torch.equal(weights[k], v) for k, v in parts[1].state_dict().items())
 
 
 def test_another_model_is_refused_by_name_and_nothing_changes(saved) -> None:

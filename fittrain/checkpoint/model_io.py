@@ -275,9 +275,11 @@ def load_model_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Ten
 
     Looks for, in order, model.safetensors, model.safetensors.index.json, pytorch_model.bin and
     pytorch_model.bin.index.json. ``.bin`` files are read with ``torch.load(weights_only=True)``.
+    A sharded checkpoint folder (its `shards/`) gives its first model's weights, assembled from
+    every rank's shards after their checksums were verified.
 
     Args:
-        directory: The folder holding the weights.
+        directory: The folder holding the weights (or a checkpoint folder).
 
     Returns:
         The tensors, by key.
@@ -287,6 +289,12 @@ def load_model_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Ten
         CheckpointError: A weights file or the index is damaged or unsafe.
     """
     folder = pathlib.Path(directory)
+    if (folder / "shards" / "metadata.json").is_file() and not (folder / _SAFETENSORS.single).exists():
+        from .reader import CheckpointReader
+        from .sharded import read_index, whole_model
+
+        reader = CheckpointReader(folder)
+        return whole_model(reader, read_index(reader))
     for family in (_SAFETENSORS, _PICKLE):
         if (folder / family.single).is_file():
             return _load_file(folder / family.single, family)

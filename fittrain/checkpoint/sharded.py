@@ -72,9 +72,9 @@ def merge_values(tensors_tree: Any, values: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _one_process_is_fine() -> Iterator[None]:
-    """Silences DCP's warning that it runs without a process group: on one process that is the intent."""
-    if dist.is_initialized():
+def _one_process_is_fine(alone: bool | None = None) -> Iterator[None]:
+    """Silences DCP's warning that it runs without a process group: here that is the intent."""
+    if not (not dist.is_initialized() if alone is None else alone):
         yield
         return
     with warnings.catch_warnings():
@@ -213,18 +213,39 @@ def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str,
         split_tensors(state, name, tensors)
     metadata, values = index
     check_against(reader.path, metadata, tensors)
-    read_tensors(reader, tensors, metadata)
+    read_tensors(reader, tensors, metadata, collective=True)
     return {name: merge_values(state, values.get(name, {})) for name, state in states.items()}
 
 
 
-def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any) -> None:
+def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, collective: bool = False) -> None:
     """Fills `tensors` (keyed by saved name; DTensors: their local shards) in place from the shard
-    files, reading only the chunks that overlap them (a collective when a process group exists)."""
+    files, reading only the chunks that overlap them.
+
+    Args:
+        collective: Every process of the default group calls this together (needed for DTensors);
+            otherwise this process reads on its own, whatever the others do.
+    """
     import torch.distributed.checkpoint as dcp
 
     from .dcp_io import JsonReader, TensorsOnlyLoadPlanner
 
-    with _one_process_is_fine():
+    no_dist = not (collective and dist.is_initialized())
+    with _one_process_is_fine(no_dist):
         dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
-                 planner=TensorsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
+                 planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+
+
+def whole_model(reader: Any, index: tuple[Any, dict[str, Any]], model: int = 0) -> dict[str, torch.Tensor]:
+    """Model `model`'s whole weights, assembled on the CPU from every rank's shards by this process
+    alone (shard files verified first). Memory: the whole model; `fittrain consolidate` streams."""
+    metadata, values = index
+    if model not in saved_indices(values, "model"):
+        raise CheckpointError(f"Checkpoint {reader.path} has no model {model}; it holds models "
+                              f"{saved_indices(values, 'model')}.")
+    reader.verify(shard_files(reader))
+    prefix = f"model_{model}/"
+    tensors = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items() if key.startswith(prefix)}
+    read_tensors(reader, tensors, metadata)
+    return {key[len(prefix):]: tensor for key, tensor in tensors.items()}
