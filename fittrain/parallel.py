@@ -298,8 +298,9 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable
     """
     owner = _fsdp_owner(optimizer, models)
     if owner is None:
-        optimizer.load_state_dict(state_dict)
+        optimizer.load_state_dict(_rekeyed(state_dict, optimizer, models, by_name=False))
         return
+    state_dict = _rekeyed(state_dict, optimizer, [owner], by_name=True)
     if not state_dict.get("state"):
         # A stateless optimizer (plain SGD) has nothing to shard, and torch's loader cannot tell the
         # device of an empty state: set the groups' hyperparameters (lr, ...) directly, in order.
@@ -309,6 +310,31 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(owner, _inner(optimizer), state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+def _rekeyed(state_dict: dict[str, Any], optimizer: torch.optim.Optimizer, models: Iterable[nn.Module],
+             by_name: bool) -> dict[str, Any]:
+    """The optimizer state keyed as the live optimizer loads it: by parameter name under FSDP2, by
+    index otherwise. A run resumed on another number of processes may get the other kind: FSDP2
+    shards nothing on one process, whose full optimizer state is keyed by index.
+
+    Indices count the optimizer's parameters in its groups' order; names are the unwrapped
+    model's parameter names. A state that cannot be mapped is returned unchanged (torch's own
+    loader then says what is wrong).
+    """
+    params = [p for group in _inner(optimizer).param_groups for p in group["params"]]
+    names = {id(p): name for model in models for name, p in unwrap(model).named_parameters()}
+    keys = [names.get(id(p)) for p in params]
+    saved = state_dict.get("state", {})
+    if None in keys or not all(isinstance(k, int if by_name else str) for k in saved):
+        return state_dict
+    old_to_new = dict(enumerate(keys)) if by_name else {name: i for i, name in enumerate(keys)}
+    try:
+        return {**state_dict, "state": {old_to_new[k]: v for k, v in saved.items()},
+                "param_groups": [{**group, "params": [old_to_new[k] for k in group["params"]]}
+                                 for group in state_dict["param_groups"]]}
+    except (KeyError, TypeError):
+        return state_dict
 
 
 class ReplacedParameters:

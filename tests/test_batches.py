@@ -57,7 +57,8 @@ def test_skip_continues_mid_epoch_and_state_round_trips():
     it = source.iterate(skip=0)
     assert [next(it), next(it)] == [1, 3]
     saved = source.state_dict()
-    assert saved == {"seed": 0, "epoch": 0, "batches_consumed": 2}
+    assert saved == {"seed": 0, "epoch": 0, "batches_consumed": 2, "start_items": 0, "start_batch": 0,
+                     "num_processes": 2, "order_consumed": 4}  # both ranks took 2 of the 6 batches
     resumed = shard(list(range(6)), world=2, rank=1)
     resumed.load_state_dict(saved)
     assert list(resumed.iterate(skip=resumed.position.batches_consumed)) == [5]

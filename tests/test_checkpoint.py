@@ -250,7 +250,7 @@ def test_checkpoint_folder_layout(tmp_path):
     meta = json.loads((folder / "accelerator_state.json").read_text())
     # The JSON lists the positions; the loader's full state (with its RNG capture) is in data_states_0.pt.
     full = run.loader.state_dict()
-    assert meta["dataloaders"] == [{k: full[k] for k in ("seed", "epoch", "batches_consumed")}]
+    assert meta["dataloaders"] == [{k: full[k] for k in ("seed", "epoch", "batches_consumed", "order_consumed")}]
     saved = torch.load(folder / "data_states_0.pt", weights_only=True)
     assert len(saved) == 1 and torch.equal(saved[0]["order"]["pass"]["rng"], full["order"]["pass"]["rng"])
 

@@ -2,9 +2,10 @@
 
 `restore.read_state` runs these on every piece it read, so a checkpoint whose contents are
 malformed (a `CheckpointError`) or that this run cannot honour (a `CheckpointMismatchError`:
-other models, another optimizer type, precision or process count) is refused, naming the file,
-while every live object is still untouched. Loading the newest checkpoint passes over a damaged
-one, but not over a mismatch, which an older checkpoint would not cure. Each check only reads.
+other models, another optimizer type or precision, or another process count with a loader whose
+rest cannot be dealt to this run's processes) is refused, naming the file, while every live object
+is still untouched. Loading the newest checkpoint passes over a damaged one, but not over a
+mismatch, which an older checkpoint would not cure. Each check only reads.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def check_meta_fields(path: pathlib.Path, meta: Any) -> None:
 def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
     """Checks accelerator_state.json's fields, and that this run can honour it.
 
+    Another process count is allowed (an elastic resume) unless a data loader's position says it
+    cannot be dealt again (`order_consumed` null: a stream under way); positions that lack the
+    count (an earlier fittrain's) are judged on the per-process data states (`check_elastic_data`).
+
     Args:
         path: The file, for messages.
         meta: Its decoded contents.
@@ -69,26 +74,48 @@ def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
 
     Raises:
         CheckpointError: for a missing or mistyped field.
-        CheckpointMismatchError: for another process count or precision.
+        CheckpointMismatchError: for another precision, or another process count with a loader
+            that cannot continue on it.
     """
     check_meta_fields(path, meta)
     saved_n, live_n = meta["num_processes"], live["num_processes"]
-    if saved_n != live_n:
-        raise _mismatch(path, f"was saved by {saved_n} processes, but this run has {live_n}. Resuming across "
-                        "process counts is not supported yet", f"Resume with {saved_n} processes.")
+    for i, position in enumerate(meta["dataloaders"] if saved_n != live_n else ()):
+        if "order_consumed" in position and position["order_consumed"] is None:
+            raise _mismatch(path, f"was saved by {saved_n} processes, but this run has {live_n}, and its data loader "
+                            f"{i} {_STREAM_UNDER_WAY.format(**position)}", _stream_fix(saved_n))
     saved_mp, live_mp = meta["mixed_precision"], live["mixed_precision"]
     if saved_mp != live_mp:
         raise _mismatch(path, f"was saved with mixed_precision={saved_mp!r}, but this run uses "
                         f"mixed_precision={live_mp!r}", f"Resume with mixed_precision={saved_mp!r}.")
 
 
+#: Fields of a position that checkpoints of earlier versions lack; checked when present.
+_LATER_FIELDS = {"start_items": 0, "start_batch": 0, "num_processes": 1, "order_consumed": 0}
+_STREAM_UNDER_WAY = ("reads a stream (a DataLoader over an IterableDataset) {batches_consumed} batches into epoch "
+                     "{epoch}: each process read its own share of that pass, which cannot be dealt to another "
+                     "number of processes")
+
+
+def _stream_fix(saved_n: int) -> str:
+    return (f"Resume with {saved_n} processes, or from a checkpoint saved between two passes over the stream "
+            "(after the loop over it ended, before the next one starts).")
+
+
 def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str) -> None:
-    """Checks one data loader's saved position (the fields of `DataPosition`, all ints)."""
+    """Checks one data loader's saved position: the fields of `DataPosition` are ints (those that
+    checkpoints of earlier versions lack, only when present), `order_consumed` an int or None."""
     for field in dataclasses.fields(DataPosition):
+        if field.name in _LATER_FIELDS and not (isinstance(position, dict) and field.name in position):
+            continue
         value = position.get(field.name) if isinstance(position, dict) else None
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if not is_int or (value < 0 and field.name != "seed"):  # a user's sampler may seed with any int
             raise _refuse(path, f"has no valid {field.name!r} in the position of data loader {index}. "
+                          f"Received: {_short(position)}", damaged)
+    for name in ("num_processes", "order_consumed"):
+        value = position.get(name, _LATER_FIELDS[name])
+        if not (_is_count(value, _LATER_FIELDS[name]) or (value is None and name == "order_consumed")):
+            raise _refuse(path, f"has no valid {name!r} in the position of data loader {index}. "
                           f"Received: {_short(position)}", damaged)
 
 
@@ -100,6 +127,42 @@ def check_data_states(path: pathlib.Path, states: Any, count: int) -> None:
                       f"lists). Received: {_short(states)}", damaged)
     for i, state in enumerate(states):
         _check_position(path, i, state, damaged)
+
+
+def check_elastic_data(folder: pathlib.Path, states: Sequence[list[dict[str, Any]]], live_n: int) -> None:
+    """Checks that every loader of a checkpoint saved by `len(states)` processes can continue on `live_n`.
+
+    Each loader's rest of the epoch is dealt again from the count of its order that all processes
+    consumed (`order_consumed`), taken from process 0's state: every process must have recorded
+    the same epoch and count (a loop whose processes did not run in step cannot be re-dealt), and
+    none may be a stream under way (null count) or come from a fittrain that did not record it.
+
+    Args:
+        folder: The checkpoint folder, for messages.
+        states: Every saved process's data states (already checked by `check_data_states`).
+        live_n: This run's number of processes.
+
+    Raises:
+        CheckpointMismatchError: naming the loader, the file, the counts and what to do.
+    """
+    saved_n = len(states)
+    counts = f"was saved by {saved_n} processes, but this run has {live_n}"
+    for i, first in enumerate(states[0]):
+        for rank, rank_states in enumerate(states):
+            state, path = rank_states[i], folder / f"data_states_{rank}.pt"
+            if "order_consumed" not in state:
+                raise _mismatch(path, f"{counts}, and it does not count how much of the epoch's order data loader {i} "
+                                "consumed (a checkpoint of an earlier fittrain), which resuming on another number of "
+                                "processes needs", f"Resume with {saved_n} processes.")
+            if state["order_consumed"] is None:
+                raise _mismatch(path, f"{counts}, and its data loader {i} {_STREAM_UNDER_WAY.format(**state)}",
+                                _stream_fix(saved_n))
+            if (state["epoch"], state["order_consumed"]) != (first["epoch"], first["order_consumed"]):
+                raise _mismatch(path, f"{counts}, and its processes disagree on how far data loader {i} got (process "
+                                f"0: epoch {first['epoch']}, {first['order_consumed']} consumed; process {rank}: "
+                                f"epoch {state['epoch']}, {state['order_consumed']}): its processes did not run in "
+                                "step, so the rest of the epoch cannot be dealt again exactly",
+                                f"Resume with {saved_n} processes.")
 
 
 def check_dict(path: pathlib.Path, state: Any, what: str) -> None:

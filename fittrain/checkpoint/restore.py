@@ -14,7 +14,7 @@ from typing import Any, Callable
 from . import checks
 from .errors import CheckpointError, CheckpointMismatchError
 from .reader import CheckpointReader
-from .rng import restore_rng_state
+from .rng import derive_rank_state, restore_rng_state
 from .sharded import read_index, saved_indices, verify_shards
 from .snapshot import META_NAME, StateParts, indexed_name
 
@@ -31,23 +31,31 @@ def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any
     """Reads and checks every rank's RNG file (small), returning this rank's state.
 
     Every rank checks them all, so that every rank finds the same checkpoint damaged or intact
-    and, when loading the newest, all of them pass over the same ones.
+    and, when loading the newest, all of them pass over the same ones. On more processes than
+    saved it, a rank the saving run did not have gets states derived from process 0's and its
+    rank (`rng.derive_rank_state`); on fewer, the files of the ranks gone are checked, not used.
     """
-    mine = None
+    states = []
     for i in range(processes):
         name = f"random_states_{i}.pt"
         if not reader.has(name):
             raise CheckpointError(f"Checkpoint {reader.path} has no {name}, but its {META_NAME} says it was "
                                   f"saved by {processes} processes. The checkpoint is damaged; load an earlier one.")
-        state = reader.read_torch(name)
-        checks.check_rng(reader.path / name, state)
-        mine = state if i == rank else mine
-    return mine
+        states.append(reader.read_torch(name))
+        checks.check_rng(reader.path / name, states[-1])
+        if i != rank and i != 0:
+            states[-1] = None  # checked; not needed in memory
+    return states[rank] if rank < processes else derive_rank_state(states[0], rank)
 
 
-def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count: int) -> list[Any]:
-    """Reads and checks every rank's data-state file (small), returning this rank's loader states."""
-    mine: list[Any] = []
+def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count: int,
+                      live_processes: int | None = None) -> list[Any]:
+    """Reads and checks every rank's data-state file (small), returning this rank's loader states.
+
+    On another number of processes (`live_processes`) every rank continues from process 0's
+    loader states, once `checks.check_elastic_data` found that every loader can be dealt again.
+    """
+    every: list[Any] = []
     for i in range(processes):
         name = f"data_states_{i}.pt"
         if not reader.has(name):
@@ -59,8 +67,11 @@ def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count
                 "fittrain.checkpoint.load_model_weights.")
         states = reader.read_torch(name)
         checks.check_data_states(reader.path / name, states, count)
-        mine = states if i == rank else mine
-    return mine
+        every.append(states)
+    if live_processes is not None and live_processes != processes:
+        checks.check_elastic_data(reader.path, every, live_processes)
+        return every[0]
+    return every[rank]
 
 
 def _read_meta(reader: CheckpointReader, live: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +149,8 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
         "custom": [reader.read_torch(n) for n in names["custom"]],
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
         "rng": _read_rng_states(reader, meta["num_processes"], rank),
-        "data": _read_data_states(reader, meta["num_processes"], rank, len(meta["dataloaders"])),
+        "data": _read_data_states(reader, meta["num_processes"], rank, len(meta["dataloaders"]),
+                                  parts.accelerator_state["num_processes"]),
         "meta": meta, "folder": reader.path, "names": names, "rank": rank,
     }
     _check_loaded(reader.path, loaded, parts)
@@ -171,7 +183,9 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
     (given `read_state`'s metadata; DCP reshards).
     """
     names = loaded["names"]
-    data_file = f"data_states_{loaded['rank']}.pt"
+    # Across process counts every rank continues from process 0's loader states.
+    same_count = loaded["meta"]["num_processes"] == parts.accelerator_state["num_processes"]
+    data_file = f"data_states_{loaded['rank'] if same_count else 0}.pt"
     checks.load_all_or_none(loaded["folder"], [
         *zip(names["schedulers"], parts.schedulers, loaded["schedulers"]),
         *zip(names["custom"], parts.custom, loaded["custom"]),

@@ -2,10 +2,14 @@
 
 States are kept as tensors and plain numbers, so a checkpoint stores them in a file that
 `torch.load(weights_only=True)` reads without unpickling arbitrary objects.
+
+A checkpoint holds one state per process. A resume on more processes gives each process the
+saving run did not have states derived from process 0's and its rank (`derive_rank_state`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any, Callable
 
@@ -112,3 +116,58 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         for device, cuda_state in zip(range(torch.cuda.device_count()), state["cuda"]):
             torch.cuda.set_rng_state(cuda_state, device)
+
+
+#: Mixed into every derived state, so these seeds never coincide with a user's seeding scheme.
+_DERIVATION_TAG = b"fittrain: RNG of a process added on resume, v1"
+
+
+def derive_rank_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The RNG states of process `rank`, one that the run which saved `state` (its process 0's)
+    did not have: a resume on more processes than saved the checkpoint.
+
+    A 32-byte seed is SHA-256 of a fixed tag, process 0's saved Python state (its 625 words),
+    NumPy keys and position, torch CPU state, and `rank` (8 bytes, little-endian). Each generator
+    gets its own key, SHA-256(seed + name): Python's `random` is seeded with key b"python" as one
+    integer (little-endian), NumPy's global RNG with the eight 32-bit words of key b"numpy", torch's
+    CPU generator with the first 8 bytes of key b"torch" (little-endian), and CUDA device d (when
+    process 0 saved CUDA states) with the first 8 bytes of key b"cuda" + d (8 bytes), offset 0.
+    (Separate keys, because Python and NumPy seeded from the same words draw the same numbers.)
+    So the states depend only on the checkpoint and the rank: another resume from the same
+    checkpoint on the same number of processes draws the same numbers, and no two ranks share one.
+
+    Args:
+        state: Process 0's saved states, as `capture_rng_state` returned them (checked).
+        rank: The new process's rank.
+
+    Returns:
+        States in `capture_rng_state`'s format, ready for `restore_rng_state`.
+    """
+    digest = hashlib.sha256(_DERIVATION_TAG)
+    for tensor in (state["python_state"], state["numpy_keys"], torch.tensor([state["numpy_pos"]]), state["torch"]):
+        digest.update(tensor.contiguous().numpy().tobytes())
+    digest.update(rank.to_bytes(8, "little"))
+    seed = digest.digest()
+
+    def key(name: bytes) -> bytes:
+        return hashlib.sha256(seed + name).digest()
+
+    version, words, gauss = random.Random(int.from_bytes(key(b"python"), "little")).getstate()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.RandomState(
+        np.frombuffer(key(b"numpy"), dtype="<u4")).get_state()
+    derived: dict[str, Any] = {
+        "python_version": version, "python_state": torch.tensor(words, dtype=torch.int64), "python_gauss": gauss,
+        "numpy_kind": state["numpy_kind"], "numpy_keys": torch.from_numpy(np_keys.astype(np.int64)),
+        "numpy_pos": int(np_pos), "numpy_has_gauss": int(np_has_gauss), "numpy_gauss": float(np_gauss),
+        "torch": torch.Generator().manual_seed(int.from_bytes(key(b"torch")[:8], "little")).get_state(),
+    }
+    if "cuda" in state:
+        derived["cuda"] = [_cuda_seed_state(key(b"cuda" + d.to_bytes(8, "little"))[:8])
+                           for d in range(len(state["cuda"]))]
+    return derived
+
+
+def _cuda_seed_state(seed: bytes) -> torch.Tensor:
+    # A CUDA generator's state is its 64-bit seed then its 64-bit Philox offset, in native (little-endian)
+    # byte order (CUDAGeneratorImpl::get_state): what manual_seed(seed) leaves, without touching CUDA.
+    return torch.frombuffer(bytearray(seed + bytes(8)), dtype=torch.uint8).clone()

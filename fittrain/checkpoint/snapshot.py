@@ -41,7 +41,7 @@ from .temp_folders import TempFolder
 # The step counter, data positions and process count; read first on load: it says whether a run can resume.
 META_NAME = "accelerator_state.json"
 # The fields of `fittrain.data.DataPosition`, which accelerator_state.json lists per loader.
-POSITION_FIELDS = ("seed", "epoch", "batches_consumed")
+POSITION_FIELDS = ("seed", "epoch", "batches_consumed", "order_consumed")
 
 
 def indexed_name(base: str, i: int, ext: str) -> str:

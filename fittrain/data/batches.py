@@ -9,6 +9,10 @@ walks past the first batches without touching them).
 With several processes each rank takes every `num_processes`-th batch (rank r: batches r, r+N,
 ...), the same whole-batch interleaving a prepared DataLoader uses. With `even_batches=True` the
 last round is completed with batches from the start, so every rank takes the same number of steps.
+
+The state counts the batches of the epoch consumed by all processes together (`order_consumed`),
+so a resume on another number of processes deals the rest of the epoch to its processes, by the
+same rule from that batch on (`dealing.BatchDealer`), as long as every process has the same list.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Iterator
 import torch
 
 from ..sync import GradientState
+from .dealing import BatchDealer
 from .devices import batch_size_of
 from .position import DataPosition, PositionedSource
 
@@ -61,6 +66,8 @@ class BatchesShard(PositionedSource):
         self.device = device
         self.gradient_state = gradient_state
         self.num_processes, self.process_index, self.even_batches = num_processes, process_index, even_batches
+        # Counts only: the batches are read lazily here, never indexed.
+        self._dealer = BatchDealer(len(batches), num_processes, process_index, even_batches, sized=False)
         self.position = DataPosition()
         # On the CPU a batch is already where it belongs: skip the recursive walk.
         self._moves_batches = device is not None and device.type != "cpu"
@@ -75,27 +82,41 @@ class BatchesShard(PositionedSource):
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank."""
-        rounds, rest = divmod(len(self.base_loader), self.num_processes)
-        if rest == 0:
-            return rounds
-        return rounds + 1 if (self.even_batches or self.process_index < rest) else rounds
+        return self._dealer.count(len(self.base_loader))
 
-    def _rank_batches(self) -> Iterator[Any]:
-        if self.num_processes == 1:
-            return iter(self.base_loader)
-        mine = itertools.islice(self.base_loader, self.process_index, None, self.num_processes)
-        rest = len(self.base_loader) % self.num_processes
-        if not (self.even_batches and rest and self.process_index >= rest):
+    def batches_left(self, skip: int) -> int:
+        """Batches that a pass of the current epoch from batch `skip` yields on this rank."""
+        position = self.position
+        start, first = (position.start_items, position.start_batch) if skip and position.start_batch else (0, 0)
+        return max(first + self._dealer.count(len(self.base_loader), start) - skip, 0)
+
+    def _order_consumed(self) -> int | None:
+        position = self.position
+        taken = position.batches_consumed - position.start_batch
+        if taken <= 0:
+            return position.start_items
+        return self._dealer.consumed(taken, len(self.base_loader), position.start_items)
+
+    def _rank_batches(self, start: int) -> Iterator[Any]:
+        """This rank's batches of the epoch's rest, batches `start`.. (all of it for start 0)."""
+        n, world, rank = len(self.base_loader), self.num_processes, self.process_index
+        if world == 1:
+            return itertools.islice(self.base_loader, start, None)
+        mine = itertools.islice(self.base_loader, start + rank, None, world)
+        rest = (n - start) % world
+        if not (self.even_batches and rest and rank >= rest):
             return mine
         # This rank has no batch in the last round: borrow one from the start of the epoch.
-        padding = itertools.islice(self.base_loader, self.process_index - rest, self.process_index - rest + 1)
-        return itertools.chain(mine, padding)
+        borrowed = (start + (n - start) // world * world + rank - n) % n
+        return itertools.chain(mine, itertools.islice(self.base_loader, borrowed, borrowed + 1))
 
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on; skipped batches are passed over, not moved."""
         self.sync_rng()
-        total = len(self)
+        start, first = self._pass_start(skip)
+        total = first + self._dealer.count(len(self.base_loader), start)
         # A padded last round: ranks from `rest` on repeat a batch, which gather_for_metrics drops.
-        rest = len(self.base_loader) % self.num_processes
+        rest = (len(self.base_loader) - start) % self.num_processes
         real_ranks = rest if (self.even_batches and rest) else 0
-        yield from self._emit(itertools.islice(self._rank_batches(), skip, total), skip, total, real_ranks=real_ranks)
+        batches = itertools.islice(self._rank_batches(start), skip - first, total - first)
+        yield from self._emit(batches, skip, total, real_ranks=real_ranks)

@@ -13,6 +13,13 @@ Two rules, both Accelerate's defaults (`split_batches=False`: each rank takes wh
 Either way every batch has a number in the epoch (round * num_processes + rank), the same as
 in a one-process run for the same batch where the dealing allows it; workers seed from it.
 One process has no peer to keep in step with: nothing is padded, as in plain PyTorch.
+
+Continuing an epoch on another number of processes (an elastic resume): every method takes
+`start`, the items of the epoch's order already consumed by the run that saved (samples, or
+batches for `BatchDealer`). The rest, `order[start:]`, is dealt by the same rule as a whole epoch
+(rounds from `start`), padding the last round from the start of the epoch as usual; batch numbers
+go on from the consumed items (`start // batch_size`, or `start`), so a batch keeps the number a
+one-process run gives it. `consumed` turns a rank's batch count back into items of the order.
 """
 
 from __future__ import annotations
@@ -43,9 +50,9 @@ class SampleDealer:
         # One process has no peer to keep in step with, so its last batch stays short.
         self.pads = even_batches and num_processes > 1 and not drop_last
 
-    def count(self, n: int) -> int:
-        """Batches this rank takes from an epoch of `n` samples."""
-        full, rest = divmod(n, self.round_size)
+    def count(self, n: int, start: int = 0) -> int:
+        """Batches this rank takes from samples `start`..`n - 1` of an epoch of `n` samples."""
+        full, rest = divmod(n - start, self.round_size)
         if rest == 0 or self.drop_last:
             return full
         if self.pads:
@@ -60,21 +67,28 @@ class SampleDealer:
         """The epoch's indices, from the loader's own batch sampler's batches."""
         return [i for batch in batches for i in batch]
 
-    def deal(self, indices: list[int], skip: int) -> Iterator[tuple[int, list[int]]]:
-        """This rank's (batch number, indices) from its batch `skip` on."""
-        start = self.process_index * self.batch_size
-        for k in range(skip, self.count(len(indices))):
-            chunk = indices[k * self.round_size:(k + 1) * self.round_size]
+    def deal(self, indices: list[int], skip: int, start: int = 0) -> Iterator[tuple[int, list[int]]]:
+        """This rank's (batch number, indices) from its batch `skip` on of the rest `indices[start:]`."""
+        mine = self.process_index * self.batch_size
+        first = start // self.batch_size + self.process_index
+        for k in range(skip, self.count(len(indices), start)):
+            at = start + k * self.round_size
+            chunk = indices[at:at + self.round_size]
             if self.pads and len(chunk) < self.round_size:
                 # Complete the last round from the start of the epoch, as Accelerate does, so every
                 # rank takes the same number of steps; gather_for_metrics drops these repeats.
                 chunk = chunk + [indices[i % len(indices)] for i in range(self.round_size - len(chunk))]
-            yield k * self.num_processes + self.process_index, chunk[start:start + self.batch_size]
+            yield first + k * self.num_processes, chunk[mine:mine + self.batch_size]
 
-    def padding(self, indices: list[int]) -> tuple[int, int]:
+    def padding(self, indices: list[int], start: int = 0) -> tuple[int, int]:
         """(real samples in the padded last round, 0), or (0, 0) when nothing was padded."""
-        rest = len(indices) % self.round_size
+        rest = (len(indices) - start) % self.round_size
         return (rest if self.pads else 0), 0
+
+    def consumed(self, taken: int, n: int, start: int = 0) -> int:
+        """Samples of the epoch's order consumed by all ranks together once this rank took `taken`
+        batches of a pass from `start` (all of them once it took its last batch)."""
+        return n if taken >= self.count(n, start) else min(start + taken * self.round_size, n)
 
 
 class BatchDealer:
@@ -95,9 +109,9 @@ class BatchDealer:
         self.num_processes, self.process_index = num_processes, process_index
         self.pads = even_batches and num_processes > 1
 
-    def count(self, n: int) -> int:
-        """Batches this rank takes from an epoch of `n` batches."""
-        rounds, rest = divmod(n, self.num_processes)
+    def count(self, n: int, start: int = 0) -> int:
+        """Batches this rank takes from batches `start`..`n - 1` of an epoch of `n` batches."""
+        rounds, rest = divmod(n - start, self.num_processes)
         if rest and (self.pads or self.process_index < rest):
             rounds += 1
         return rounds
@@ -105,20 +119,25 @@ class BatchDealer:
     def __len__(self) -> int:
         return self.count(self.declared)
 
-    def deal(self, batches: list[Any], skip: int) -> Iterator[tuple[int, Any]]:
-        """This rank's (batch number, batch) from its batch `skip` on."""
+    def deal(self, batches: list[Any], skip: int, start: int = 0) -> Iterator[tuple[int, Any]]:
+        """This rank's (batch number, batch) from its batch `skip` on of the rest `batches[start:]`."""
         n = len(batches)
-        for i in range(skip, self.count(n)):
-            k = i * self.num_processes + self.process_index
+        for i in range(skip, self.count(n, start)):
+            k = start + i * self.num_processes + self.process_index
             # Past the end: padding, taken from the start of the epoch.
             yield k, batches[k] if k < n else batches[(k - n) % n]
 
-    def padding(self, batches: list[Any]) -> tuple[int, int]:
+    def padding(self, batches: list[Any], start: int = 0) -> tuple[int, int]:
         """What gather_for_metrics keeps of the padded last round: (real samples, 0) when sizes are
         known, else (0, ranks whose batch is real); (0, 0) when nothing was padded."""
-        rest = len(batches) % self.num_processes
+        rest = (len(batches) - start) % self.num_processes
         if not (self.pads and rest):
             return 0, 0
         if self.sized:
             return sum(len(batch) for batch in batches[len(batches) - rest:]), 0
         return 0, rest
+
+    def consumed(self, taken: int, n: int, start: int = 0) -> int:
+        """Batches of the epoch's order consumed by all ranks together once this rank took `taken`
+        batches of a pass from `start` (all of them once it took its last batch)."""
+        return n if taken >= self.count(n, start) else min(start + taken * self.num_processes, n)

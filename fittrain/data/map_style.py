@@ -18,6 +18,11 @@ Dealing (`dealing`): with `batch_size`, each process takes whole batches of that
 the last round is completed with whole batches from the start. `split_batches=True` needs
 `batch_size` (a ready batch cannot be split). Skipping the first batches of an epoch happens on
 the index list: skipped batches are never loaded.
+
+Another number of processes: the state counts the samples (batches, for a `batch_sampler` or
+`batch_size=None`) of the epoch's order that all processes consumed. A state saved by N processes
+and loaded on M replays the epoch's order and deals its rest to the M processes (`dealing`);
+later epochs are dealt as any M-process run deals them.
 """
 
 from __future__ import annotations
@@ -134,6 +139,11 @@ class DataLoaderShard(PositionedSource):
         self.position = DataPosition()
         self.num_processes = num_processes
         self._mode = mode
+        self._unit = "samples" if mode == "samples" else "batches"
+        # Items in the order of the pass last drawn (for `order_consumed`); None until one is drawn
+        # after a load, when the loaded count stands.
+        self._pass_items: int | None = None
+        self._loaded_consumed: int | None = None
         if mode == "samples":
             self.dealer: SampleDealer | BatchDealer = SampleDealer(
                 _epoch_length(loader, "sampler"), loader.batch_size, loader.drop_last, num_processes,
@@ -220,23 +230,49 @@ class DataLoaderShard(PositionedSource):
     def __len__(self) -> int:
         return len(self.dealer)
 
+    def batches_left(self, skip: int) -> int:
+        """Batches that a pass of the current epoch from batch `skip` yields on this rank (after a
+        resume on another number of processes, the re-dealt rest of the epoch)."""
+        position = self.position
+        start, first = (position.start_items, position.start_batch) if skip and position.start_batch else (0, 0)
+        return max(first + self.dealer.count(self.dealer.declared, start) - skip, 0)
+
+    def _items_per_round(self) -> int:
+        return self.dealer.round_size if isinstance(self.dealer, SampleDealer) else self.num_processes
+
+    def _order_consumed(self) -> int | None:
+        position = self.position
+        taken = position.batches_consumed - position.start_batch
+        if taken <= 0:
+            return position.start_items
+        if self._pass_items is not None:
+            return self.dealer.consumed(taken, self._pass_items, position.start_items)
+        if self._loaded_consumed is not None:  # loaded, and no pass drawn since
+            return self._loaded_consumed
+        # A state from before the count was saved: the order's length is the declared one.
+        return self.dealer.consumed(taken, self.dealer.declared, position.start_items)
+
     def iterate(self, skip: int) -> Iterator[Any]:
         """Runs the current epoch from batch `skip` on, without loading the skipped batches.
 
         The order is drawn when the first batch is requested, as torch draws it; a pass with
-        skip > 0 replays the order its epoch was drawn with, when this loader knows it.
+        skip > 0 replays the order its epoch was drawn with, when this loader knows it. After a
+        resume on another number of processes, the pass deals the rest of the epoch's order from
+        batch `position.start_batch` on (`PositionedSource._pass_start`).
         """
         self.sync_rng()
+        start, first = self._pass_start(skip)
         epoch = self.position.epoch
         base_seed, order = self.order.draw(epoch, replay=skip > 0)
         if self._mode == "batches":
             order = _index_lists(order)
         elif self._mode == "samples":
             order = self.dealer.flatten(order)
-        dealt = self.dealer.deal(order, skip)
-        remainder, real_ranks = self.dealer.padding(order)
+        self._pass_items = len(order)
+        dealt = self.dealer.deal(order, skip - first, start)
+        remainder, real_ranks = self.dealer.padding(order, start)
         batches = self._fetch(dealt) if self._fetches_directly else self._start_inner(dealt, base_seed, epoch)
-        yield from self._emit(batches, skip, self.dealer.count(len(order)), remainder, real_ranks)
+        yield from self._emit(batches, skip, first + self.dealer.count(len(order), start), remainder, real_ranks)
 
     def _start_inner(self, dealt: Iterator[tuple[int, Any]], base_seed: int, epoch: int) -> Iterator[Any]:
         seeded = self.base_loader.num_workers > 0
@@ -265,12 +301,17 @@ class DataLoaderShard(PositionedSource):
             yield collate(getitems(indices) if getitems else [dataset[i] for i in indices])
 
     def state_dict(self) -> dict[str, Any]:
-        """The data position plus "order": the random state the current epoch's order was drawn
-        from (tensors and ints; None before the first pass)."""
+        """The data position (with `order_consumed`, in samples or batches) plus "order": the random
+        state the current epoch's order was drawn from (tensors and ints; None before the first pass)."""
         return dict(super().state_dict(), order=self.order.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the position and the order's random state. It never skips by itself: pass
-        `batches_consumed` to `skip_first_batches`, which then replays the epoch's order."""
-        self.order.load_state_dict(state.get("order"))  # checked first: raises before anything changes
-        super().load_state_dict(state)
+        `batches_consumed` to `skip_first_batches`, which then replays the epoch's order (a state
+        of another number of processes: its rest, dealt to this run's processes)."""
+        loaded = self._position_from(state)  # both checked first: raise before anything changes
+        self.order.load_state_dict(state.get("order"))
+        self._set_position(loaded)
+        consumed = state.get("order_consumed")
+        self._pass_items = None
+        self._loaded_consumed = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None

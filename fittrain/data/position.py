@@ -1,5 +1,14 @@
 """Where a prepared data source stands (`DataPosition`), and the per-batch bookkeeping every
-prepared source shares (`PositionedSource`)."""
+prepared source shares (`PositionedSource`).
+
+A position is kept per process, in batches of this run's dealing. Its state also holds the same
+place as a count of the current epoch's order that all processes together consumed
+(`order_consumed`: samples, or batches for sources that deal whole batches), which does not depend
+on the number of processes: a resume on another number of processes (`load_state_dict` with a
+state saved by N != M processes) deals the rest of the epoch's order to its M processes from that
+count. The pass that does so starts at batch `start_batch` (`resume_start_batch`), so that a skip
+count read off the position (`skip_first_batches(dl, dl.position.batches_consumed)`) stays right.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +30,34 @@ class DataPosition:
         seed: Kept for the checkpoint format (accelerator_state.json lists it); 0. Orders are drawn
             from the user's sampler and RNG now (`order`), not from a seed of ours.
         epoch: Completed passes.
-        batches_consumed: Batches of the current epoch already handed out on this rank.
+        batches_consumed: Batches of the current epoch already handed out on this rank (counted
+            from `start_batch`).
+        start_items: Items of the current epoch's order that a run on another number of processes
+            had consumed when this run resumed from its checkpoint; this epoch's pass deals the
+            rest. 0 otherwise.
+        start_batch: The batch number that pass starts at (`resume_start_batch`); 0 otherwise.
     """
 
     seed: int = 0
     epoch: int = 0
     batches_consumed: int = 0
+    start_items: int = 0
+    start_batch: int = 0
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Moves to the start of `epoch` (a whole pass, dealt from its first item)."""
+        self.epoch, self.batches_consumed, self.start_items, self.start_batch = epoch, 0, 0, 0
+
+
+def resume_start_batch(items: int, per_round: int) -> int:
+    """The batch number at which a pass that deals an epoch's order from item `items` starts.
+
+    `per_round` items are dealt per batch number (all processes together), so the consumed items
+    fill this many of this run's rounds, rounded up: 0 only when nothing was consumed, so a
+    resumed pass never looks like a fresh one, and equal to the rounds consumed when they fill
+    whole rounds of this run.
+    """
+    return -(-items // per_round)
 
 
 class PositionedSource:
@@ -35,6 +66,9 @@ class PositionedSource:
 
     position: DataPosition
     gradient_state: GradientState
+    num_processes: int = 1
+    #: What the epoch's order counts (`order_consumed`), for messages: "samples" or "batches".
+    _unit: str = "batches"
     device: torch.device | None
     _moves_batches: bool = False
     _non_blocking: bool = False
@@ -69,8 +103,7 @@ class PositionedSource:
                 if index == last:
                     flags.end_of_dataloader, flags.remainder, flags.real_ranks = True, remainder, real_ranks
                 yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
-            position.epoch += 1
-            position.batches_consumed = 0
+            position.begin_epoch(position.epoch + 1)
         finally:
             # The pass is over (or left early): like Accelerate, code after the loop is no longer "in
             # the last batch", and an enclosing pass's flags are the ones that count again.
@@ -79,17 +112,84 @@ class PositionedSource:
     def set_epoch(self, epoch: int) -> None:
         """Selects the shuffle of `epoch`, for loops that number their epochs themselves."""
         if epoch != self.position.epoch:
-            self.position.epoch, self.position.batches_consumed = epoch, 0
+            self.position.begin_epoch(epoch)
 
-    def state_dict(self) -> dict[str, int]:
-        """The data position: seed (0), epoch and batches consumed (JSON-safe)."""
-        return dataclasses.asdict(self.position)
+    def batches_left(self, skip: int) -> int:
+        """Batches that a pass of the current epoch from batch `skip` yields on this rank."""
+        return max(len(self) - skip, 0)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def _order_consumed(self) -> int | None:
+        """Items of the current epoch's order that all processes together consumed, or None when
+        this source cannot tell (each process read its own share: it cannot be dealt again)."""
+        return None
+
+    def _items_per_round(self) -> int:
+        """Items of the epoch's order that one batch number takes, all processes together."""
+        return self.num_processes
+
+    def _pass_start(self, skip: int) -> tuple[int, int]:
+        """(items of the order consumed before this pass, its first batch number) for a pass of the
+        current epoch from batch `skip`.
+
+        After a resume on another number of processes the pass continues at `start_batch`; a
+        pass from batch 0 runs the whole epoch again (as it does after any resume), and one from
+        a batch before `start_batch` cannot be honoured.
+        """
+        position = self.position
+        if not position.start_batch:
+            return 0, 0
+        if skip == 0:
+            position.start_items = position.start_batch = 0
+            return 0, 0
+        if skip < position.start_batch:
+            raise ValueError(
+                f"This loader resumed from a checkpoint saved by another number of processes, after "
+                f"{position.start_items} {self._unit} of epoch {position.epoch}'s order; in batches of this run "
+                f"({self.num_processes} processes) that position is batch {position.start_batch} "
+                f"(loader.position.batches_consumed). Received: skip={skip}, a count of batches of the run that "
+                f"saved. Pass loader.position.batches_consumed to skip_first_batches, or 0 to run the whole "
+                "epoch again.")
+        return position.start_items, position.start_batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (seed 0, epoch, batches consumed, where a re-dealt pass starts), the
+        number of processes, and `order_consumed`: items of the current epoch's order consumed by
+        all processes together (None when the source cannot be dealt again). JSON-safe."""
+        return dict(dataclasses.asdict(self.position), num_processes=self.num_processes,
+                    order_consumed=self._order_consumed())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the position. By default it never skips by itself: pass `batches_consumed` to
         `skip_first_batches` to continue a half-finished epoch (with `resumes_itself`, the next
-        pass does)."""
-        self.position.seed = int(state["seed"])
-        self.position.epoch = int(state["epoch"])
-        self.position.batches_consumed = int(state["batches_consumed"])
+        pass does).
+
+        A state saved by another number of processes continues the epoch from its
+        `order_consumed`: this rank's position becomes batch `resume_start_batch(...)` of the
+        epoch, whose rest is dealt to this run's processes (see the module docstring).
+
+        Raises:
+            ValueError: for a state of another number of processes that has no `order_consumed`.
+        """
+        self._set_position(self._position_from(state))
+
+    def _position_from(self, state: dict[str, Any]) -> DataPosition:
+        """The position `state` puts this rank at (see `load_state_dict`); changes nothing."""
+        saved = int(state.get("num_processes", self.num_processes))  # absent before elastic resume
+        seed, epoch = int(state["seed"]), int(state["epoch"])
+        if saved == self.num_processes:
+            return DataPosition(seed, epoch, int(state["batches_consumed"]), int(state.get("start_items", 0)),
+                                int(state.get("start_batch", 0)))
+        items = state.get("order_consumed")
+        if not isinstance(items, int) or isinstance(items, bool):
+            raise ValueError(
+                f"The loader state was saved by {saved} processes and this run has {self.num_processes}, but it "
+                f"does not say how much of the epoch's order was consumed (order_consumed={items!r}), so the rest "
+                f"cannot be dealt to {self.num_processes} processes. Resume with {saved} processes.")
+        first = resume_start_batch(items, self._items_per_round())
+        return DataPosition(seed, epoch, first, items, first)
+
+    def _set_position(self, loaded: DataPosition) -> None:
+        # In place: a SkippedDataLoader and the Trainer read this same object.
+        for field in dataclasses.fields(DataPosition):
+            setattr(self.position, field.name, getattr(loaded, field.name))
         self._resume_pending = self.resumes_itself and self.position.batches_consumed > 0

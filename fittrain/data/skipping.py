@@ -18,7 +18,8 @@ class SkippedDataLoader:
         self.num_batches = num_batches
 
     def __len__(self) -> int:
-        return max(len(self.loader) - self.num_batches, 0)
+        # Not len(loader) - num_batches: an epoch re-dealt after an elastic resume has its own length.
+        return self.loader.batches_left(self.num_batches)
 
     def __iter__(self) -> Iterator[Any]:
         return self.loader.iterate(skip=self.num_batches)

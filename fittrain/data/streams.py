@@ -73,6 +73,7 @@ class StreamShard(PositionedSource):
         self.layout = StreamLayout(loader.batch_size, ranks, 0 if own_shards else process_index,
                                    loader.drop_last, even_batches and ranks > 1)
         self.base_loader, self.device, self.gradient_state = loader, device, gradient_state
+        self.num_processes = num_processes
         self._agree = agree if (own_shards and num_processes > 1) else None
         self._workers = max(loader.num_workers, 1)
         self._replays = not (has_state(dataset) and state_is_exact(dataset))
@@ -109,8 +110,16 @@ class StreamShard(PositionedSource):
         the live pass state changes with every batch."""
         return {**super().state_dict(), "stream": copy.deepcopy(self._pass)}
 
+    def _order_consumed(self) -> int | None:
+        # Each rank read its own share of the pass: only a pass not begun can start on other ranks.
+        return 0 if self.position.batches_consumed == 0 else None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores the position; the next `iterate(skip=batches_consumed)` continues the pass."""
+        """Restores the position; the next `iterate(skip=batches_consumed)` continues the pass.
+
+        A state saved by another number of processes loads only between passes (nothing of the
+        epoch read yet, `order_consumed` 0): a pass under way is each rank's own share of the stream.
+        """
         saved = state.get("stream")
         if saved is not None:
             _check_pass(saved, self._workers)
@@ -190,8 +199,7 @@ class StreamShard(PositionedSource):
                 flags.end_of_dataloader, flags.remainder = not going, item.remainder
                 yield send_to_device(batch, self.device, self._non_blocking) if self._moves_batches else batch
                 current = following
-            position.epoch += 1
-            position.batches_consumed = 0
+            position.begin_epoch(position.epoch + 1)
             self._pass = _fresh_pass(self._workers)
         finally:
             self.gradient_state.end_pass(flags)  # an enclosing pass's flags count again
