@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from . import consolidate, launch_config
+from . import consolidate, launch_config, slurm
 from .launch_config import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from .parallel import STRATEGIES, STRATEGY_ENV
 from .precision import PRECISIONS
@@ -35,6 +35,9 @@ examples:
       second machine with --node_rank 1
   fittrain launch --config_file default_config.yaml train.py
       the processes, strategy and precision that `accelerate config` wrote; flags win
+  srun --ntasks-per-node=1 fittrain launch train.py
+      under SLURM, once per node: --nnodes, --node_rank, --main_process_ip and
+      --main_process_port come from SLURM's variables unless given
 
 The job ends when any process fails, and exits with that process's exit code.
 """
@@ -49,7 +52,8 @@ examples:
 #: Environment variables worth showing in a bug report when they are set.
 _REPORTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
                  "OMP_NUM_THREADS", STRATEGY_ENV, TIMEOUT_ENV, MIXED_PRECISION_ENV, ACCUMULATION_ENV,
-                 DYNAMO_BACKEND_ENV, USE_CPU_ENV)
+                 DYNAMO_BACKEND_ENV, USE_CPU_ENV, "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                 "SLURM_NODEID", "SLURM_NNODES", "SLURM_NODELIST", slurm.SLURM_ENV, slurm.REQUEUE_ENV)
 
 
 def _default_num_processes() -> int:
@@ -73,11 +77,11 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--num_processes", type=int, default=None, metavar="N",
                         help="total number of processes across all machines (default: one per GPU, or 1)")
     launch.add_argument("--nnodes", "--num_machines", dest="nnodes", type=int, default=None, metavar="M",
-                        help="number of machines taking part (default: 1)")
+                        help="number of machines taking part (default: 1, or SLURM's node count)")
     launch.add_argument("--node_rank", "--machine_rank", dest="node_rank", type=int, default=None, metavar="R",
-                        help="rank of this machine, from 0 to nnodes-1 (default: 0)")
+                        help="rank of this machine, from 0 to nnodes-1 (default: 0, or SLURM_NODEID)")
     launch.add_argument("--main_process_ip", default=None, metavar="IP",
-                        help="address of the machine with node_rank 0 (default: 127.0.0.1)")
+                        help="address of the machine with node_rank 0 (default: 127.0.0.1, or SLURM's first host)")
     launch.add_argument("--main_process_port", type=int, default=None, metavar="PORT",
                         help="free port on the main machine (default: any free port on one machine, "
                              "29500 on several)")
@@ -148,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _processes_per_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Checks the process layout and splits the total over the machines (parser.error on bad input)."""
-    total = args.num_processes if args.num_processes is not None else _default_num_processes()
+    # Without --num_processes every machine runs one process per GPU it has (or one).
+    total = args.num_processes if args.num_processes is not None else _default_num_processes() * max(args.nnodes, 1)
     if total < 1:
         parser.error(f"--num_processes must be at least 1. Received: --num_processes {total}.")
     if args.nnodes < 1:
@@ -204,6 +209,7 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         except (OSError, ValueError, ImportError) as err:
             parser.error(str(err))
         launch_config.merge(args, options)
+    _fill_from_slurm(args, parser)
     args.nnodes = 1 if args.nnodes is None else args.nnodes
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if args.mixed_precision not in (None, *PRECISIONS):
@@ -212,6 +218,27 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         parser.error("--gradient_accumulation_steps must be a positive integer. "
                      f"Received: --gradient_accumulation_steps {args.gradient_accumulation_steps}.")
+
+
+def _fill_from_slurm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Under SLURM on several nodes, fills the node layout that neither flags nor config gave.
+
+    A launcher runs once per node (`srun --ntasks-per-node=1 fittrain launch ...`); see
+    `fittrain.slurm.launch_defaults` for which variable gives which option. An explicit
+    `--nnodes` that differs from SLURM's node count means the user lays the job out: then
+    nothing is filled.
+    """
+    try:
+        options = slurm.launch_defaults()
+    except ValueError as err:
+        parser.error(str(err))
+    if not options or args.nnodes not in (None, options["nnodes"]):
+        return
+    filled = {name: value for name, value in options.items() if getattr(args, name, None) is None}
+    launch_config.merge(args, filled)
+    if filled:
+        flags = " ".join(f"--{name} {value}" for name, value in filled.items())
+        print(f"fittrain launch: from SLURM's environment: {flags}", file=sys.stderr, flush=True)
 
 
 def _first_failure(error: Any) -> Any:
@@ -247,10 +274,13 @@ def _run_launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from .preemption import forwarding_to_workers
+
     argv = torchrun_argv(args, args.parser)
     os.environ.update(launch_config.worker_environment(args))  # Inherited by every worker torchrun starts.
     try:
-        torchrun.main(argv)
+        with forwarding_to_workers():  # SLURM's --signal=USR1@90 reaches the launcher; the workers act on it
+            torchrun.main(argv)
     except ChildFailedError as error:
         print(error.format_msg(), file=sys.stderr)
         return exit_code(error)

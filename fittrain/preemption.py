@@ -4,19 +4,32 @@ Cluster schedulers send SIGTERM (SLURM can send SIGUSR1) shortly before they kil
 handler only sets a flag; the Trainer acts on it at an optimizer-step boundary, where a
 checkpoint resumes exactly. Exit code 75 is sysexits' EX_TEMPFAIL: "try again", which is what a
 requeued job does with `resume_from="latest"`.
+
+Under SLURM (SLURM_JOB_ID set), a stop caused by SIGUSR1 also requeues the job: once every rank
+has saved, the main process runs `scontrol requeue $SLURM_JOB_ID`, as Lightning does on SLURM's
+`--signal=USR1@90`. SIGTERM (scancel, or the time limit itself) never requeues. Set
+FITTRAIN_SLURM_REQUEUE=0 to save and exit without requeueing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pathlib
 import signal
 import threading
 from types import FrameType
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
+from . import slurm
+
 PREEMPTION_EXIT_CODE = 75
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: The signal SLURM is asked to send before the time limit (`#SBATCH --signal=USR1@90`): a stop
+#: it causes requeues the job. SIGTERM is what scancel sends, and a cancelled job must stay so.
+REQUEUE_SIGNAL = signal.SIGUSR1
 
 
 # The kernel delivers these without asking the process: no handler can catch them.
@@ -75,6 +88,8 @@ class PreemptionWatcher:
     the first one exits, and a rank still saving or tearing down must exit 75 too, not -15.
     A handler that the program had installed itself is restored as usual.
 
+    Under SLURM, a stop that SIGUSR1 caused on any rank also requeues the job (`requeue_if_asked`).
+
     Args:
         signals: Signal names or numbers to treat as "save and stop". Empty disables it.
         check_every: In multi-process runs, ranks agree on a stop every this many optimizer steps
@@ -85,14 +100,20 @@ class PreemptionWatcher:
         self.signals = _to_signals(signals)
         self.check_every = check_every
         self.requested = False
+        self.requeue_requested = False  # REQUEUE_SIGNAL arrived here (or, after should_stop, on any rank)
+        self._requeue_job: str | None = None
         self._exiting = False
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+        if signum == REQUEUE_SIGNAL:
+            self.requeue_requested = True
 
     def __enter__(self) -> "PreemptionWatcher":
-        self.requested = self._exiting = False
+        self.requested = self.requeue_requested = self._exiting = False
+        # Read now, so that a malformed FITTRAIN_SLURM_REQUEUE fails before training, not at the save.
+        self._requeue_job = slurm.requeue_job_id()
         # Python delivers signals to the main thread only; elsewhere we cannot install handlers.
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
@@ -125,5 +146,63 @@ class PreemptionWatcher:
             return self.requested
         if global_step % self.check_every:
             return False
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=accelerator.device)
-        return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+        # One all-reduce answers both questions: stop? and did SIGUSR1 reach any rank (requeue)?
+        flags = torch.tensor([float(self.requested), float(self.requeue_requested)], device=accelerator.device)
+        stop, requeue = (accelerator.reduce(flags, reduction="sum") > 0).tolist()
+        self.requeue_requested = requeue
+        return stop
+
+    def requeue_if_asked(self, is_main_process: bool) -> bool:
+        """Requeues the SLURM job after a preemption save, when SIGUSR1 asked for the stop.
+
+        Call it on every rank once all of them have saved; only the main process acts. Nothing
+        happens outside SLURM, after SIGTERM alone, or with FITTRAIN_SLURM_REQUEUE=0. A failing
+        or missing `scontrol` is a warning (see `fittrain.slurm.requeue`): the checkpoint stays.
+
+        Args:
+            is_main_process: Whether this is global rank 0.
+
+        Returns:
+            Whether this process requeued the job.
+        """
+        if not (is_main_process and self.requeue_requested and self._requeue_job):
+            return False
+        return slurm.requeue(self._requeue_job)
+
+
+def _child_pids() -> list[int]:
+    """This process's direct children (for `fittrain launch`: torchrun's workers), from Linux's /proc."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+    return pids
+
+
+@contextlib.contextmanager
+def forwarding_to_workers(sig: signal.Signals = REQUEUE_SIGNAL) -> Iterator[None]:
+    """While active, `sig` sent to this launcher process is passed on to its worker processes.
+
+    SLURM's `--signal=USR1@90` signals the tasks that srun started. With one `fittrain launch` per
+    node, that task is the launcher: torchrun handles SIGTERM (it stops its workers with it) but
+    not SIGUSR1, whose default action would kill the launcher and then the whole step, workers
+    mid-save included. Forwarding lets the workers save, requeue and exit 75. A worker that also
+    gets the signal directly (SLURM's cgroup process tracking signals every process of the step)
+    only sets its flag twice. Workers are found in /proc (Linux); elsewhere the launcher only
+    survives the signal.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        for pid in _child_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = signal.signal(sig, forward)
+    try:
+        yield
+    finally:
+        signal.signal(sig, previous)

@@ -1,4 +1,5 @@
-"""Process and distributed facts: rank, world size and device, read from torchrun's environment.
+"""Process and distributed facts: rank, world size and device, read from torchrun's environment
+(or, without torchrun, from SLURM's: see fittrain/slurm.py).
 
 A single process is simply the world-size-1 case, so nothing above this module branches on
 "distributed or not": it asks a `ProcessState` for its rank, world size, device and barrier.
@@ -17,6 +18,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 import torch.distributed as dist
 
+from .slurm import slurm_process
 from .teardown import leave_process_group
 
 #: How long a collective waits for a peer before failing. A peer that dies is noticed at once by
@@ -101,6 +103,20 @@ def _check_rendezvous(world_size: int, rank: int) -> None:
         )
 
 
+def _launcher_facts() -> tuple[int, int, int, str | None]:
+    """World size, rank, local rank and the default rendezvous URL, from the launcher's variables.
+
+    torchrun's variables win; without them an srun task's SLURM variables describe the process,
+    and rank 0 listens at the first host of the job (see fittrain/slurm.py). None as the URL
+    means torchrun's MASTER_ADDR and MASTER_PORT (env://).
+    """
+    slurm = slurm_process()
+    if slurm is not None:
+        init_method = slurm.init_method if slurm.world_size > 1 else None
+        return slurm.world_size, slurm.rank, slurm.local_rank, init_method
+    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0), None
+
+
 def _pick_device(cpu: bool, local_rank: int) -> torch.device:
     """cuda, then mps, then cpu: the fastest device present, unless `cpu=True` forces the CPU."""
     if cpu:
@@ -118,7 +134,8 @@ class ProcessState:
     """Where this process stands in the run.
 
     Built once per Accelerator from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR/PORT). Without those variables it describes one process on one device.
+    MASTER_ADDR/PORT), else from SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+    SLURM_NODELIST). Without either it describes one process on one device.
 
     Attributes:
         num_processes: World size.
@@ -157,24 +174,23 @@ class ProcessState:
                 `collective_timeout()` (FITTRAIN_COLLECTIVE_TIMEOUT or 30 minutes).
             backend: "gloo" or "nccl" for a group joined here; default: nccl on CUDA, else gloo.
             init_method: torch's rendezvous URL for a group joined here; default: torchrun's
-                MASTER_ADDR and MASTER_PORT.
+                MASTER_ADDR and MASTER_PORT, or under SLURM the job's first host and port.
             strategy: The Accelerator's strategy, for `distributed_type`.
 
         Returns:
             The state of this process.
 
         Raises:
-            ValueError: when torchrun's variables are malformed or incomplete.
+            ValueError: when torchrun's (or SLURM's) variables are malformed or incomplete.
         """
-        world_size = _env_int("WORLD_SIZE", 1)
-        rank = _env_int("RANK", 0)
-        local_rank = _env_int("LOCAL_RANK", 0)
+        world_size, rank, local_rank, launcher_init = _launcher_facts()
         device = _pick_device(cpu, local_rank)
         chosen, backend = backend, None
         if dist.is_available() and dist.is_initialized():
             # A user (or a test harness) already joined a group: adopt it rather than fight it.
             world_size, rank, backend = dist.get_world_size(), dist.get_rank(), dist.get_backend()
         elif world_size > 1:
+            init_method = init_method or launcher_init
             if init_method is None:
                 _check_rendezvous(world_size, rank)
             backend = chosen or ("nccl" if device.type == "cuda" else "gloo")

@@ -297,6 +297,7 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         self.preemption.mark_exiting(self.accelerator.use_distributed)
         self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
+        self.preemption.requeue_if_asked(self.accelerator.is_main_process)  # SIGUSR1 under SLURM only
         raise SystemExit(PREEMPTION_EXIT_CODE)
 
     def _finished(self) -> bool:
