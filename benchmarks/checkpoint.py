@@ -35,6 +35,11 @@ Usage:
     python -m benchmarks.checkpoint --mb 100 --repeats 3
     python -m benchmarks.checkpoint --profile         # cProfile one save_state and one load_state
     python -m benchmarks.checkpoint --async-only      # only the async_save stall
+    python -m benchmarks.checkpoint --fsdp            # FSDP2 on 2 and 4 processes: full vs sharded vs DCP
+    python -m benchmarks.checkpoint --fsdp-table      # FSDP2 scaling: 3 sizes x 1, 2, 4 processes
+
+The FSDP2 part (`--fsdp`, `--fsdp-table`, with their own flags: `--fsdp --help`) lives in
+benchmarks/checkpoint_fsdp.py.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import pathlib
 import pstats
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -267,12 +273,20 @@ def profile(contenders: Contenders, root: pathlib.Path) -> None:
 
 
 def main() -> None:
+    if {"--fsdp", "--fsdp-table"} & set(sys.argv[1:]):
+        from benchmarks import checkpoint_fsdp
+
+        checkpoint_fsdp.main(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=300, help="approximate size of model + optimizer state")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
     parser.add_argument("--profile", action="store_true", help="cProfile one save_state and one load_state")
     parser.add_argument("--async-only", action="store_true", help="measure only the async_save stall")
+    # Handled above, by benchmarks.checkpoint_fsdp; listed here for --help.
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 on 2 and 4 processes (see `--fsdp --help`)")
+    parser.add_argument("--fsdp-table", action="store_true", help="FSDP2 scaling table (see `--fsdp --help`)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     accelerator, model, optimizer = build(args.mb)

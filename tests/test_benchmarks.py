@@ -58,6 +58,8 @@ CASES = [
                       ("fittrain Trainer.fit, no callbacks",)), id="overhead-workers-row"),
     pytest.param(Case("memory", ("--quick",), True), id="memory", marks=pytest.mark.slow),
     pytest.param(Case("checkpoint", ("--mb", "8", "--repeats", "1"), False), id="checkpoint"),
+    pytest.param(Case("checkpoint", ("--fsdp-table", "--sizes", "1", "--processes", "2", "--rounds", "1"), True,
+                      ("1 | 2",)), id="checkpoint-fsdp-table"),
     pytest.param(Case("ddp", ("--steps", "4", "--rounds", "1"), False), id="ddp"),
     pytest.param(Case("gpu", ("--device", "cpu", "--quick"), True), id="gpu-on-cpu"),
     pytest.param(Case("compile", ("--smoke",), True, ("Trainer, compiled",)), id="compile"),
