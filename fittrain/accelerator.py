@@ -90,8 +90,9 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         dynamo_plugin: Accelerate's `TorchDynamoPlugin` (torch.compile options), instead of `dynamo_backend`.
         state_dict_type: How `save_state` writes models and optimizers: "sharded" (each process
             writes its own shards with torch.distributed.checkpoint; nothing is gathered) or "full"
-            (gathered, `model.safetensors`). None: "sharded" under `strategy="fsdp"`, else "full"
-            (or Accelerate's FSDP_STATE_DICT_TYPE variable). `load_state` reads either kind.
+            (gathered, `model.safetensors`). None: "sharded" under `strategy="fsdp"` on several
+            processes, else "full" (or Accelerate's FSDP_STATE_DICT_TYPE variable). `load_state`
+            reads either kind, on any number of processes.
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
@@ -110,7 +111,6 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         options = resolve_options(split_batches, even_batches, gradient_accumulation_steps, dataloader_config,
                                   gradient_accumulation_plugin, kwargs_handlers, rng_types)
         self.strategy = parallel.resolve_strategy(strategy)
-        self.state_dict_type = resolve_state_dict_type(state_dict_type, self.strategy)
         if project_config is not None and not isinstance(project_config, ProjectConfiguration):
             raise TypeError(
                 "`project_config` must be a fittrain.ProjectConfiguration or None. Received: "
@@ -125,6 +125,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
                                                    init_method=group.init_method, strategy=self.strategy)
+        self.state_dict_type = resolve_state_dict_type(state_dict_type, self.strategy, self.state.num_processes)
         self._scaler_arguments = options.scaler.scaler_arguments() if options.scaler else None
         self.precision = make_precision(mixed_precision, self.state.device, self._scaler_arguments)
         accumulation = options.accumulation

@@ -324,9 +324,10 @@ def _refuse_options(method: str, options: dict[str, Any]) -> None:
 _STATE_DICT_TYPES = {"full": "full", "sharded": "sharded", "full_state_dict": "full", "sharded_state_dict": "sharded"}
 
 
-def resolve_state_dict_type(value: str | None, strategy: str) -> str:
+def resolve_state_dict_type(value: str | None, strategy: str, num_processes: int) -> str:
     """"full" or "sharded": the value given, else Accelerate's FSDP_STATE_DICT_TYPE variable, else
-    "sharded" under FSDP2 (no rank gathers the model) and "full" otherwise.
+    "sharded" under FSDP2 on several processes (no rank gathers the model) and "full" otherwise
+    (one process shards nothing, and there the full format is the faster one: benchmarks/checkpoint.py).
 
     Raises:
         ValueError: for any other value, naming it.
@@ -335,7 +336,7 @@ def resolve_state_dict_type(value: str | None, strategy: str) -> str:
     if value is None and os.environ.get("FSDP_STATE_DICT_TYPE"):
         value, source = os.environ["FSDP_STATE_DICT_TYPE"], "the FSDP_STATE_DICT_TYPE environment variable"
     if value is None:
-        return "sharded" if strategy == "fsdp" else "full"
+        return "sharded" if strategy == "fsdp" and num_processes > 1 else "full"
     resolved = _STATE_DICT_TYPES.get(value.lower()) if isinstance(value, str) else None
     if resolved is None:
         raise ValueError(f"Accelerator(state_dict_type=...) must be 'full' or 'sharded' (or Accelerate's "

@@ -162,12 +162,13 @@ def test_accelerates_state_dict_type_names_are_accepted(value: str) -> None:
     assert Accelerator(state_dict_type=value).state_dict_type in ("full", "sharded")
 
 
-def test_the_default_is_sharded_under_fsdp_and_full_otherwise(monkeypatch) -> None:
+def test_the_default_is_full_on_one_process_and_the_variable_sets_it(monkeypatch) -> None:
+    # Sharded is the default under FSDP2 on several processes (tests/distributed/test_sharded_fsdp.py).
     monkeypatch.delenv("FSDP_STATE_DICT_TYPE", raising=False)
     assert Accelerator().state_dict_type == "full"
-    assert Accelerator(strategy="fsdp").state_dict_type == "sharded"
-    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
     assert Accelerator(strategy="fsdp").state_dict_type == "full"
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT")
+    assert Accelerator(strategy="fsdp").state_dict_type == "sharded"
 
 
 @pytest.mark.parametrize("value", ["local", 3, "SHARDED"])

@@ -13,7 +13,6 @@ writer's owner joins it before the folder is renamed.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 import sys
@@ -31,6 +30,8 @@ from .temp_folders import WRITER_MARKER
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 16 * 1024 * 1024
+# What `file_checksum` reads at a time: large enough for full speed, small enough to stay out of sight.
+_READ_CHUNK = 1024 * 1024
 
 # The safetensors dtype names, in the order of the Rust crate's `Dtype` enum. It writes tensors
 # sorted by that order descending (wider dtypes first, so every tensor stays aligned), then by
@@ -212,25 +213,27 @@ class BackgroundSync:
 
 
 def file_checksum(path: str | os.PathLike[str], expected_size: int | None = None) -> tuple[int, int]:
-    """Returns the size and CRC32 of a file, read through a memory map (no copy into Python).
+    """Returns the size and CRC32 of a file, read through one small reused buffer.
+
+    Not through a memory map: its pages would count in the process's resident memory, as much
+    as the file (a rank verifying its shards would look as if it had loaded them twice).
 
     When `expected_size` is given and differs from the file's size, the size is returned with a
     CRC32 of 0 without reading the file: the file is damaged either way.
     """
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0 or (expected_size is not None and size != expected_size):
             return size, 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            if hasattr(mapped, "madvise"):
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(mapped)
-            try:
-                crc = 0
-                for start in range(0, size, _CHUNK):
-                    crc = zlib.crc32(view[start:start + _CHUNK], crc)
-            finally:
-                view.release()
+        buffer = bytearray(_READ_CHUNK)
+        view = memoryview(buffer)
+        crc = 0
+        while True:
+            count = f.readinto(buffer)
+            if not count:
+                break
+            crc = zlib.crc32(view[:count], crc)
+        view.release()
     return size, crc
 
 
@@ -285,6 +288,11 @@ class CheckpointWriter:
             raise
         self._syncs.add(file)
         self._records[name] = {"size": sink.size, "crc32": sink.crc32}
+
+    def record(self, name: str, size: int, crc32: int) -> None:
+        """Lists a file that is already in the folder (another process wrote it and checksummed it),
+        so the manifest takes its size and CRC32 without reading it again."""
+        self._records[name] = {"size": size, "crc32": crc32}
 
     def _wait_durable(self) -> None:
         """Waits until every file written so far is fsynced; raises a failed fsync's error."""

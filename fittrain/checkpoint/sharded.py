@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import CheckpointError, CheckpointMismatchError
+from .fastio import file_checksum
 from .renames import fsync_dir
 
 # torch.distributed.checkpoint (`dcp_io`) is imported when a sharded checkpoint is written or
@@ -82,16 +83,19 @@ def _one_process_is_fine(alone: bool | None = None) -> Iterator[None]:
         yield
 
 
-def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: bool,
-                 write_values: Callable[[str, Any], None], group: Any = None) -> None:
+def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: bool, writer: Any,
+                 group: Any = None) -> None:
     """Every rank writes its shards of `states` into `folder/shards` (collective).
+
+    Each rank then checksums the files it wrote, and the main process lists them all in the
+    manifest from those sums: no rank reads another's shards.
 
     Args:
         folder: The checkpoint folder being written (its temporary path).
         states: {"model_0": state dict, "optimizer_0": optimizer state dict, ...}, sharded
             (DTensors under FSDP2) or replicated (plain tensors).
         is_main_process: Whether this rank writes `values.pt` (the same on every rank).
-        write_values: Writes a weights_only file into the checkpoint (`CheckpointWriter.write_torch`).
+        writer: The checkpoint's `CheckpointWriter` (values.pt; the records of every rank's files).
         group: The process group DCP synchronises on (None: the default group).
     """
     import torch.distributed.checkpoint as dcp
@@ -106,8 +110,18 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
         dcp.save(tensors, storage_writer=JsonWriter(folder / SHARDS_DIR), planner=DefaultSavePlanner(),
                  process_group=group, no_dist=not dist.is_initialized())
     fsync_dir(folder / SHARDS_DIR)  # DCP fsyncs its files, not the folder's entries for them
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    own = {f"{SHARDS_DIR}/{path.name}": file_checksum(path)
+           for path in sorted((folder / SHARDS_DIR).glob(f"__{rank}_*.distcp"))}
+    everyone = [own]
+    if dist.is_initialized():
+        everyone = [{} for _ in range(dist.get_world_size(group))]
+        dist.all_gather_object(everyone, own, group=group)
     if is_main_process:
-        write_values(VALUES_NAME, values)
+        for records in everyone:
+            for name, (size, crc) in records.items():
+                writer.record(name, size, crc)
+        writer.write_torch(VALUES_NAME, values)
 
 
 def read_index(reader: Any) -> tuple[Any, dict[str, Any]]:

@@ -185,7 +185,7 @@ def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Cal
                            reserved=reserved) as writer:
         write_snapshot(writer, snapshot)
         if snapshot.sharded is not None:  # a collective: every rank writes its shards, DCP synchronises them
-            write_shards(writer.path, snapshot.sharded, snapshot.is_main_process, writer.write_torch, group)
+            write_shards(writer.path, snapshot.sharded, snapshot.is_main_process, writer, group)
         if hook_files is not None and snapshot.is_main_process:
             copy_hook_files(hook_files, writer.path)
     if after_commit is not None:

@@ -29,7 +29,7 @@ def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
 def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathlib.Path, nproc: int) -> None:
     run(torchrun(nproc, "sharded_worker.py", "resume", "--out", str(tmp_path))).check()
     ranks = _ranks(tmp_path, "rank", nproc)
-    assert all(rank["equal"] and rank["resumed_at"] == 3 for rank in ranks)
+    assert all(rank["equal"] and rank["resumed_at"] == 3 and rank["default_type"] == "sharded" for rank in ranks)
     folder = tmp_path / "project" / "checkpoints" / "checkpoint_0"
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     shards = [f"shards/__{r}_0.distcp" for r in range(nproc)]

@@ -104,7 +104,8 @@ def resume(args: argparse.Namespace) -> None:
     rank = accelerator.process_index
     facts = {"resumed_at": resumed_at, "num_processes": accelerator.num_processes,
              "equal": all(torch.equal(first[k], second[k]) for k in first) and list(first) == list(second),
-             "local_bytes": sum(p.to_local().numel() * p.element_size() for p in model.parameters())}
+             "local_bytes": sum(p.to_local().numel() * p.element_size() for p in model.parameters()),
+             "default_type": Accelerator(strategy="fsdp").state_dict_type}
     (out / f"rank{rank}.json").write_text(json.dumps(facts))
 
 
