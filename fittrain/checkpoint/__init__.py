@@ -4,8 +4,11 @@ One folder (its files: `snapshot`), written atomically and verified on every rea
 
     {project_dir}/checkpoints/checkpoint_{i}/     automatic naming (`naming`); any folder otherwise
         model.safetensors, optimizer.pt, ...      weights, state dicts (weights_only), scaler.pt
+        shards/                                   instead, state_dict_type="sharded" (FSDP2's default):
+                                                  each rank's shards, DCP files + metadata.json (`sharded`)
         random_states_{rank}.pt                   every RNG of each rank
-        data_states_{rank}.pt                     each loader's state on each rank (streams, samplers)
+        data_states_{rank}.pt                     each loader's state on each rank (streams, samplers, the
+                                                  epoch's order consumed by all ranks: elastic resume)
         custom_checkpoint_{i}.pt                  objects given to register_for_checkpointing
         accelerator_state.json                    step, data positions, process count, precision
         <files and folders of save hooks>         what register_save_state_pre_hook hooks wrote (`hooks`)
@@ -16,15 +19,18 @@ Save (`Accelerator.save_state`, in `fittrain.checkpoint_methods`):
     naming.reserve_target      the main process claims the next number, and tells every process
     snapshot.capture_state     live objects -> a StateSnapshot of plain data (for async_save=True
                                copied into reused CPU buffers, then written by `background`)
-    snapshot.write_checkpoint  folder.atomic_checkpoint: each rank streams its files (fastio),
-                               the main rank writes the manifest last and renames (renames)
+    snapshot.write_checkpoint  folder.atomic_checkpoint: each rank streams its files (fastio) and,
+                               sharded, writes its shards with DCP; the main rank writes the
+                               manifest last (every rank's checksums) and renames (renames)
     ProjectConfiguration.prune after the commit only: a failed save deletes nothing
 
 Load (`Accelerator.load_state`, `Trainer(resume_from=...)`):
     latest.load_newest         newest first; a damaged or pruned folder is passed over
     reader.CheckpointReader    each file checked against the manifest before it is parsed
     restore.read_state         read everything, `checks` it against the live run; changes nothing
-    restore.apply_state        restore the live objects, RNG (`rng`) last
+                               (on M processes: loaders re-deal the rest of the epoch, new ranks'
+                               RNG is derived; shards verified, each rank a share)
+    restore.apply_state        restore the live objects (shards: DCP reshards), RNG (`rng`) last
 
 Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); latest (which folder
 "latest" is); snapshot (what is saved; capture, write); restore (read, check, apply); checks
@@ -33,7 +39,8 @@ Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); la
 (CheckpointWriter, streamed checksummed files); temp_folders (claimed temporary folders); renames
 (no-replace and exchange renames); background (async saves); rng (RNG capture and restore);
 model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
-(Accelerate's save/load pre-hooks).
+(Accelerate's save/load pre-hooks); sharded (DCP shards: write, verify, read, whole_model);
+dcp_io (DCP's file storage with JSON metadata, tensors only).
 """
 
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
