@@ -22,9 +22,8 @@ Memory: before each save or load a process resets its RSS high-water mark (`echo
 /proc/self/clear_refs`) and reads its RSS; after it, VmHWM minus that RSS is the *extra* peak the
 operation needed. Tables show the largest over ranks (rank 0, under "full"). Workers run with a
 fixed glibc mmap threshold, so freed tensors go back to the OS and one contender's freed memory
-cannot hide the next one's peak. Mapped files count while resident: fittrain computes and checks
-CRC32s through a memory map, which alone adds about one shard file of (file-backed, reclaimable)
-pages to a sharded save's and load's peak, and the full load maps optimizer.pt.
+cannot hide the next one's peak. Mapped files count while resident: the full load maps
+optimizer.pt (fittrain's CRC32s are read through a small buffer, so they add nothing).
 
 Targets (at `--mb`, 2 and 4 processes): sharded extra peak per rank ≤ 1.2 × its shard of model +
 optimizer + 50 MB; sharded save ≤ full save; sharded load ≤ 1.1 × DCP's own load.

@@ -281,7 +281,7 @@ def test_the_accelerator_state_is_captured_at_the_call(tmp_path, gate):
     gate.set()
     run.acc.wait_for_checkpoint()
     meta = json.loads((tmp_path / "ckpt" / "accelerator_state.json").read_text())
-    fields = {key: position[key] for key in ("seed", "epoch", "batches_consumed")}
+    fields = {key: position[key] for key in ("seed", "epoch", "batches_consumed", "order_consumed")}
     assert meta["dataloaders"] == [fields] and position["batches_consumed"] == 2
     saved = torch.load(tmp_path / "ckpt" / "data_states_0.pt", weights_only=True)
     torch.testing.assert_close(saved, [position], rtol=0, atol=0)

@@ -269,10 +269,10 @@ class CheckpointWriter:
             ValueError: `name` leaves the folder or is the manifest's name. (A name in a subfolder,
                 "shards/values.pt", needs the subfolder to exist.)
         """
-        if not is_listed_name(name):
+        if not is_listed_name(name) or ("/" in name and not (self._path / name).parent.is_dir()):
             raise ValueError(
-                "A checkpoint file name must be a plain file name (or a path into a subfolder), other than "
-                f"{MANIFEST_NAME!r}. Received: name={name!r}. Pass a name such as 'optimizer.pt'."
+                "A checkpoint file name must be a plain file name (or a path into a subfolder that was made "
+                f"first), other than {MANIFEST_NAME!r}. Received: name={name!r}. Pass a name such as 'optimizer.pt'."
             )
         path = self._path / name
         file = open(path, "wb", buffering=0)

@@ -12,9 +12,8 @@ momentum, no randomness but the shuffle):
     D    2          17         19                4 -> 2: epoch 1 consumed whole but not closed (an empty pass)
     E    1          19         end (26)          2 -> 1: 8 of epoch 2's samples consumed
 
-The chain runs with the Trainer and with an Accelerate-style loop under DDP (full checkpoints)
-and under FSDP2 (sharded checkpoints with the Trainer, as FSDP2 saves by default; full ones with
-the loop). FSDP2 shards nothing on one process, where a full optimizer state is keyed by
+The chain runs with the Trainer under DDP (full checkpoints) and under FSDP2 (sharded, as FSDP2
+saves by default), and with an Accelerate-style loop under FSDP2 (full checkpoints). FSDP2 shards nothing on one process, where a full optimizer state is keyed by
 parameter index: the load re-keys it by parameter name for the sharded run, and back.
 
 Checked, sample by sample: every rank's indices at every step are those the dealing rule gives
@@ -120,9 +119,10 @@ def run_chain(tmp_path: Any, chain: list[tuple[int, int | None]], mode: str, str
 
 
 @pytest.mark.parametrize("mode, strategy, state_dict_type", [
-    ("trainer", "ddp", "full"), ("loop", "ddp", "full"),
-    # FSDP2's default: each rank writes its shards, and DCP reshards them on load.
-    ("trainer", "fsdp", "sharded"), ("loop", "fsdp", "full")])
+    # Each loop and each checkpoint kind once (a chain is 5 jobs): the Trainer under DDP; the
+    # Accelerate-style loop under FSDP2 with full checkpoints (optimizer state re-keyed between
+    # index and name at 1 <-> 2 processes); the Trainer under FSDP2 with its default, sharded.
+    ("trainer", "ddp", "full"), ("loop", "fsdp", "full"), ("trainer", "fsdp", "sharded")])
 def test_elastic_resumes_deal_each_sample_once_and_match_a_run_switched_at_each_checkpoint(
         tmp_path, job, mode, strategy, state_dict_type):
     chain = CHAIN

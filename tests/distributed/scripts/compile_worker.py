@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 import torch._dynamo
-from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Trainer, TrainModule
+from fittrain.checkpoint import load_model_weights
 from fittrain.callbacks import Checkpointer
 
 
@@ -110,7 +110,8 @@ def main() -> None:
     first = fit(args.strategy, project, epochs=2)
     # checkpoint_0 is after step 3 of 4 (2 per epoch): the resume starts mid-epoch 1 and runs to 3 epochs.
     resumed = fit(args.strategy, project, epochs=3, resume=str(project / "checkpoints" / "checkpoint_0"))
-    saved = sorted(load_file(project / "checkpoints" / "checkpoint_0" / "model.safetensors"))
+    # model.safetensors, or under FSDP2 the sharded checkpoint's names (assembled from its shards)
+    saved = sorted(load_model_weights(project / "checkpoints" / "checkpoint_0"))
     rank = torch.distributed.get_rank()
     torch.save({"first": first, "resumed": resumed, "saved_keys": saved, "world": torch.distributed.get_world_size()},
                out / f"rank{rank}.pt")
