@@ -185,11 +185,14 @@ class CheckpointMethods:
         from . import sharded_state
 
         index = read_index(reader)
-        verify_shards(reader, self.process_index, self.num_processes,
-                      lambda value: collectives.gather_object(value, self.state))
+        verify_shards(reader, self.process_index, self.num_processes, self._share)
         i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
         filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
         sharded_state.load_model_state(model, filled[f"model_{i}"])
+
+    def _share(self, value: Any) -> list[Any]:
+        """`value` from every process, on every process (so that all of them refuse a damaged shard)."""
+        return collectives.gather_object(value, self.state)
 
     def _load_shards(self, reader: CheckpointReader, index: Any, models: int) -> None:
         """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective)."""
@@ -299,8 +302,7 @@ class CheckpointMethods:
         parts = self._state_parts(gather=False)
         parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
         # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-        share = lambda value: collectives.gather_object(value, self.state)  # noqa: E731
-        loaded = read_state(reader, parts, self.process_index, share)
+        loaded = read_state(reader, parts, self.process_index, self._share)
         check_model_states(reader.path, loaded["models"],
                            [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
         apply_state(

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from .errors import CheckpointError, CheckpointMismatchError
+from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
 from .fastio import file_checksum
 from .renames import fsync_dir
 
@@ -202,13 +202,9 @@ def verify_shards(reader: Any, rank: int, world: int, share: Callable[[Any], lis
             break
     found = [p for p in share(problem) if p is not None]
     if found:
+        # A folder pruned meanwhile stays a deletion (load_newest moves on), anything else is damage.
         kind, message = found[0]
-        raise (CheckpointError if kind == "CheckpointError" else _error_types()[kind])(message)
-
-
-def _error_types() -> dict[str, type[CheckpointError]]:
-    from .errors import CheckpointDeletedError
-    return {"CheckpointDeletedError": CheckpointDeletedError, "CheckpointMismatchError": CheckpointMismatchError}
+        raise (CheckpointDeletedError if kind == CheckpointDeletedError.__name__ else CheckpointError)(message)
 
 
 def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
