@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import collectives, parallel
 from .collectives import sync_rng_states
 from .data import BatchesShard
-from .checkpoint.model_io import save_model_weights
 from .checkpoint.naming import ProjectConfiguration
 from .checkpoint_methods import CheckpointMethods, resolve_state_dict_type
 from .compile import compile_settings, compile_forward, compile_targets, remove_compiled_forward, uncompiled
@@ -389,7 +388,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                             f"{handler!r:.80} ({type(handler).__name__}).")
         return self.precision.autocast(handler.enabled, handler.cache_enabled)
 
-    # ----------------------------------------------------------------- models and saving
+    # ----------------------------------------------------------------- models
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> nn.Module:
         """Returns the user's module from inside DDP, optionally removing the autocast forward
@@ -415,43 +414,6 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                 forward.original = uncompiled(forward.original)
             else:
                 remove_compiled_forward(module)
-
-    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict (gathered from every rank under FSDP2; call it on all).
-
-        With `unwrap=False` the keys are those of the wrapped model (DDP's `module.` prefix).
-        """
-        full = parallel.full_state_dict(model)
-        if unwrap or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return full
-        return {f"module.{key}": value for key, value in full.items()}
-
-    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
-                   safe_serialization: bool = True) -> None:
-        """Writes the unwrapped model's weights as safetensors (sharded past `max_shard_size`).
-
-        Every process must call it under FSDP2, which gathers the weights one tensor at a time,
-        streaming them shard by shard: no process holds more than one file's worth of the
-        model. Only the main process writes.
-        """
-        if parallel.is_fsdp(parallel.unwrap(model)):
-            from .sharded_state import full_tensors, model_state
-
-            save_model_weights(model_state(model), save_directory, max_shard_size, safe_serialization,
-                               materialize=full_tensors, is_main_process=self.is_main_process)
-        elif self.is_main_process:
-            save_model_weights(self.get_state_dict(model), save_directory, max_shard_size, safe_serialization)
-
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Saves `obj` with torch.save (or safetensors) from the main process only."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(obj, os.fspath(f), metadata={"format": "pt"})
-        else:
-            torch.save(obj, f)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One pass of a prepared loader that starts after `num_batches` batches, loading none of them."""

@@ -1,4 +1,5 @@
-"""The Accelerator's checkpoint methods: `register_for_checkpointing`, `save_state`, `load_state`.
+"""The Accelerator's saving methods: `register_for_checkpointing`, `save_state`, `load_state`, and
+`get_state_dict`, `save_model`, `save`.
 
 A mixin of `Accelerator`, kept apart so the facade stays short. The checkpoint subsystem itself
 is `fittrain.checkpoint`: its package docstring maps the save and load flows these methods run.
@@ -13,6 +14,7 @@ import shutil
 import warnings
 from typing import Any, Callable
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -24,7 +26,7 @@ from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.restore import apply_state, read_state
-from .checkpoint.model_io import load_model_weights
+from .checkpoint.model_io import load_model_weights, save_model_weights
 from .checkpoint.sharded import METADATA_PATH, read_index, read_shards, verify_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
@@ -46,6 +48,7 @@ class CheckpointMethods:
     _dataloaders: list[Any]
     _custom_objects: list[Any]
     state_dict_type: str
+    is_main_process: bool
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Adds objects whose `state_dict()` travels in every `save_state`.
@@ -83,6 +86,43 @@ class CheckpointMethods:
             accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
                                "mixed_precision": self.mixed_precision, "state_dict_type": self.state_dict_type,
                                "optimizer_types": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers]})
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered from every rank under FSDP2; call it on all).
+
+        With `unwrap=False` the keys are those of the wrapped model (DDP's `module.` prefix).
+        """
+        full = parallel.full_state_dict(model)
+        if unwrap or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return full
+        return {f"module.{key}": value for key, value in full.items()}
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Writes the unwrapped model's weights as safetensors (sharded past `max_shard_size`).
+
+        Every process must call it under FSDP2, which gathers the weights one tensor at a time,
+        streaming them shard by shard: no process holds more than one file's worth of the
+        model. Only the main process writes.
+        """
+        if parallel.is_fsdp(parallel.unwrap(model)):
+            from .sharded_state import full_tensors, model_state
+
+            save_model_weights(model_state(model), save_directory, max_shard_size, safe_serialization,
+                               materialize=full_tensors, is_main_process=self.is_main_process)
+        elif self.is_main_process:
+            save_model_weights(self.get_state_dict(model), save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Saves `obj` with torch.save (or safetensors) from the main process only."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, os.fspath(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
 
     # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
     _background_checkpoints: BackgroundCheckpoints | None = None
