@@ -13,8 +13,9 @@ momentum, no randomness but the shuffle):
     E    1          19         end (26)          2 -> 1: 8 of epoch 2's samples consumed
 
 The chain runs with the Trainer under DDP (full checkpoints) and under FSDP2 (sharded, as FSDP2
-saves by default), and with an Accelerate-style loop under FSDP2 (full checkpoints). FSDP2 shards nothing on one process, where a full optimizer state is keyed by
-parameter index: the load re-keys it by parameter name for the sharded run, and back.
+saves by default), and with an Accelerate-style loop under FSDP2 (full checkpoints). FSDP2 shards
+nothing on one process, where a full optimizer state is keyed by parameter index: the load
+re-keys it by parameter name for the sharded run, and back.
 
 Checked, sample by sample: every rank's indices at every step are those the dealing rule gives
 from the epoch's order (the plain DataLoader's, the same on any number of processes), and each
