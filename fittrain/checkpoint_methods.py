@@ -27,7 +27,7 @@ from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.restore import apply_state, read_state
 from .checkpoint.model_io import load_model_weights, save_model_weights
-from .checkpoint.sharded import METADATA_PATH, read_index, read_shards, verify_shards
+from .checkpoint.sharded import METADATA_PATH, ShardCheck, read_index, read_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
 from .state import ProcessState
@@ -224,8 +224,9 @@ class CheckpointMethods:
             return
         from . import sharded_state
 
+        check = ShardCheck(reader, self.process_index, self.num_processes)
         index = read_index(reader)
-        verify_shards(reader, self.process_index, self.num_processes, self._share)
+        check.wait(self._share)
         i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
         filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
         sharded_state.load_model_state(model, filled[f"model_{i}"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -129,6 +130,11 @@ def test_a_damaged_shard_is_named(saved) -> None:
     (lambda m: next(iter(m["tensors"].values()))["chunks"][0].__setitem__(0, [7, 0]), "lies outside its size"),
     (lambda m: m["storage"][0].update(file="../../etc/passwd"), "storage entry is malformed"),
     (lambda m: next(iter(m["tensors"].values())).update(dtype="object"), "no valid dtype"),
+    (lambda m: m["storage"][0].update(length=m["storage"][0]["length"] + 4), "not the size of any of its chunks"),
+    (lambda m: m["storage"][0].update(start=10**9), r"at bytes 1000000000 to .* lists as \d+ bytes"),
+    (lambda m: m["storage"][0].update(file="__7_0.distcp"), "which the manifest does not list"),
+    (lambda m: m.update(items="pickle"), "stored as 'pickle'"),
+    (lambda m: m.update(byteorder="big" if sys.byteorder == "little" else "little"), "-endian byte order"),
 ])
 def test_a_hostile_metadata_file_is_refused_before_any_shard_is_read(saved, change, message) -> None:
     folder, _ = saved

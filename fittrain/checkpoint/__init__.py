@@ -5,7 +5,7 @@ One folder (its files: `snapshot`), written atomically and verified on every rea
     {project_dir}/checkpoints/checkpoint_{i}/     automatic naming (`naming`); any folder otherwise
         model.safetensors, optimizer.pt, ...      weights, state dicts (weights_only), scaler.pt
         shards/                                   instead, state_dict_type="sharded" (FSDP2's default):
-                                                  each rank's shards, DCP files + metadata.json (`sharded`)
+                                                  each rank's shards as raw bytes + metadata.json (`sharded`)
         random_states_{rank}.pt                   every RNG of each rank
         data_states_{rank}.pt                     each loader's state on each rank (streams, samplers, the
                                                   epoch's order consumed by all ranks: elastic resume)
@@ -29,7 +29,7 @@ Load (`Accelerator.load_state`, `Trainer(resume_from=...)`):
     reader.CheckpointReader    each file checked against the manifest before it is parsed
     restore.read_state         read everything, `checks` it against the live run; changes nothing
                                (on M processes: loaders re-deal the rest of the epoch, new ranks'
-                               RNG is derived; shards verified, each rank a share)
+                               RNG is derived; shards verified, each rank a share, on a thread)
     restore.apply_state        restore the live objects (shards: DCP reshards), RNG (`rng`) last
 
 Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); latest (which folder
@@ -40,7 +40,7 @@ Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); la
 (no-replace and exchange renames); background (async saves); rng (RNG capture and restore);
 model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
 (Accelerate's save/load pre-hooks); sharded (DCP shards: write, verify, read, whole_model);
-dcp_io (DCP's file storage with JSON metadata, tensors only).
+dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only).
 """
 
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError

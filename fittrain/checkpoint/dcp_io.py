@@ -5,9 +5,15 @@ it, and its default load planner reads non-tensor values with `torch.load(weight
 fittrain keeps DCP's planning, resharding and per-rank shard files (`__{rank}_{i}.distcp`, each
 tensor stored with `torch.save` and read back with `weights_only=True`) and replaces the rest:
 
-- `JsonWriter` writes the metadata as `metadata.json`: for each tensor its dtype, global size and
-  the chunks ranks wrote, and where each chunk lies in which file.
-- `JsonReader` parses that JSON, within limits, into DCP's metadata objects.
+- `RawWriter` writes each rank's chunks as raw bytes, one after another in one file per rank
+  (C order, this machine's byte order, recorded), checksummed as they are written; and the
+  metadata as `metadata.json`: for each tensor its dtype, global size and the chunks ranks wrote,
+  and where each chunk lies in which file.
+- `RawReader` reads every chunk straight into the tensor it fills (a staging buffer only when a
+  chunk is read in part or the target is not a dense CPU tensor): no per-chunk `torch.load`,
+  nothing to unpickle at all. `metadata_from_json` parses the JSON, within limits.
+- `JsonReader` reads the shard files of fittrain before raw chunks (each chunk a `torch.save`
+  archive, read by DCP with `weights_only=True`).
 - Only tensors are given to DCP (`sharded.py` keeps every other value, such as an optimizer's
   param_groups, in a file of its own); `TensorsOnlyLoadPlanner` refuses any other entry.
 """
@@ -16,13 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-from typing import Any
+import sys
+import zlib
+from typing import Any, BinaryIO
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
@@ -31,12 +40,18 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from .errors import CheckpointError
 
 # DCP's metadata, as fittrain writes it beside the shard files (`sharded.METADATA_PATH`).
 METADATA_NAME = "metadata.json"
 _FORMAT = "fittrain-dcp-metadata"
+# How chunks are stored in the shard files: RAW (bytes in C order) or, in checkpoints of fittrain
+# before it, LEGACY (each chunk a `torch.save` archive; metadata.json then has no "items").
+RAW, LEGACY = "raw", "torch.save"
 # The dtypes a shard may hold (names as `str(torch.float32)` minus "torch."): nothing else is read.
 _DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
@@ -70,7 +85,8 @@ def metadata_to_json(metadata: Metadata) -> dict[str, Any]:
                                   "which fittrain does not write.")
         storage.append({"fqn": index.fqn, "offset": list(index.offset or ()), "file": info.relative_path,
                         "start": info.offset, "length": info.length})
-    return {"format": _FORMAT, "version": metadata.version, "tensors": tensors, "storage": storage}
+    return {"format": _FORMAT, "version": metadata.version, "items": RAW, "byteorder": sys.byteorder,
+            "tensors": tensors, "storage": storage}
 
 
 def _ints(value: Any, what: str) -> list[int]:
@@ -96,16 +112,39 @@ def _tensor_entry(fqn: str, entry: Any) -> TensorStorageMetadata:
     return TensorStorageMetadata(properties=properties, size=torch.Size(size), chunks=chunks)
 
 
-def metadata_from_json(data: Any) -> Metadata:
+@dataclasses.dataclass
+class ShardMetadata(Metadata):
+    """DCP's metadata, and how the shard files store chunks (`RAW` or `LEGACY`)."""
+
+    items: str = RAW
+
+
+def _chunk_bytes(tensors: dict[str, TensorStorageMetadata]) -> dict[tuple[str, tuple[int, ...]], int]:
+    """The size in bytes of every chunk, keyed by tensor name and chunk offsets."""
+    return {(fqn, tuple(chunk.offsets)): math.prod(chunk.sizes) * entry.properties.dtype.itemsize
+            for fqn, entry in tensors.items() for chunk in entry.chunks}
+
+
+def metadata_from_json(data: Any) -> ShardMetadata:
     """Parses what `metadata_to_json` wrote back into DCP's metadata.
 
     Raises:
         ValueError: naming what is malformed (the caller names the file).
+        CheckpointError: the chunks are raw bytes in the other byte order.
     """
     if not (isinstance(data, dict) and data.get("format") == _FORMAT and isinstance(data.get("tensors"), dict)
             and isinstance(data.get("storage"), list)):
         raise ValueError(f"it is not a {_FORMAT} file")
+    items = data.get("items", LEGACY)
+    if items not in (RAW, LEGACY):
+        raise ValueError(f"its chunks are stored as {str(items)[:40]!r}, which fittrain does not know")
+    if items == RAW and data.get("byteorder") != sys.byteorder:
+        raise CheckpointError(
+            f"This sharded checkpoint's tensors are stored in {str(data.get('byteorder'))[:20]!r}-endian byte order, "
+            f"and this machine is {sys.byteorder}-endian. Consolidate it (`fittrain consolidate`) on a machine "
+            "of its byte order, then load the safetensors weights.")
     tensors = {fqn: _tensor_entry(fqn, entry) for fqn, entry in data["tensors"].items()}
+    sizes = _chunk_bytes(tensors)
     storage = {}
     for item in data["storage"]:
         if not (isinstance(item, dict) and item.get("fqn") in tensors and isinstance(item.get("file"), str)
@@ -113,13 +152,25 @@ def metadata_from_json(data: Any) -> Metadata:
             raise ValueError(f"a storage entry is malformed: {str(item)[:120]}")
         start, length = _ints([item.get("start"), item.get("length")], "a storage entry's start and length")
         offset = _ints(item.get("offset"), "a storage entry's offset")
+        if items == RAW and sizes.get((item["fqn"], tuple(offset))) != length:
+            raise ValueError(f"the storage entry of {item['fqn']!r} at {offset} is {length} bytes long, which is not "
+                             "the size of any of its chunks")
         storage[MetadataIndex(item["fqn"], offset)] = _StorageInfo(item["file"], start, length)
     version = data.get("version") if isinstance(data.get("version"), str) else None
-    return Metadata(state_dict_metadata=tensors, storage_data=storage, version=version)
+    return ShardMetadata(state_dict_metadata=tensors, storage_data=storage, version=version, items=items)
 
 
-class JsonWriter(FileSystemWriter):
-    """DCP's file writer (one file per rank, fsynced), with the metadata written as JSON.
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    return memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy())
+
+
+class RawWriter(FileSystemWriter):
+    """Writes this rank's chunks as raw bytes into one file, `__{rank}_0.distcp`, fsynced; and the
+    metadata as JSON (on the coordinating rank).
+
+    DCP plans the save (which rank writes which chunk; a replicated tensor once); this class only
+    stores the bytes. The size and CRC32 of the file are computed as it is written, in `written`.
 
     Args:
         path: The folder the shard files go into (it exists, inside the checkpoint being written).
@@ -127,6 +178,32 @@ class JsonWriter(FileSystemWriter):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        self.written: dict[str, tuple[int, int]] = {}
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Writes every chunk of this rank's plan, in plan order."""
+        name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+        results, crc, offset = [], 0, 0
+        with open(os.path.join(self.path, name), "wb") as f:
+            for item in plan.items:
+                if item.type == WriteItemType.BYTE_IO:
+                    raise CheckpointError(f"A sharded checkpoint holds tensors only; {item.index.fqn!r} is not one.")
+                tensor = planner.resolve_data(item).detach().to("cpu").contiguous()
+                if tuple(tensor.shape) != tuple(item.tensor_data.chunk.sizes):
+                    raise CheckpointError(f"The chunk of {item.index.fqn!r} to save has shape {tuple(tensor.shape)}, "
+                                          f"but DCP planned {tuple(item.tensor_data.chunk.sizes)}.")
+                data = _as_bytes(tensor)
+                f.write(data)
+                crc = zlib.crc32(data, crc)
+                results.append(WriteResult(index=item.index, size_in_bytes=data.nbytes,
+                                           storage_data=_StorageInfo(name, offset, data.nbytes)))
+                offset += data.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        self.written[name] = (offset, crc)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
         """On the coordinating rank: writes the metadata of every rank's chunks, durably."""
@@ -139,14 +216,15 @@ class JsonWriter(FileSystemWriter):
 
 
 class JsonReader(FileSystemReader):
-    """DCP's file reader, given metadata parsed from fittrain's JSON (never unpickled).
+    """DCP's file reader, given metadata parsed from fittrain's JSON (never unpickled); reads
+    `LEGACY` shard files.
 
     Args:
         path: The folder with the shard files.
         metadata: What `metadata_from_json` returned for its metadata.json.
     """
 
-    def __init__(self, path: str | os.PathLike[str], metadata: Metadata) -> None:
+    def __init__(self, path: str | os.PathLike[str], metadata: ShardMetadata) -> None:
         super().__init__(path)
         self._metadata = metadata
 
@@ -155,6 +233,83 @@ class JsonReader(FileSystemReader):
         metadata = dataclasses.replace(self._metadata)
         metadata.storage_meta = StorageMeta(load_id=self.load_id)
         return metadata
+
+
+def _span(sizes: tuple[int, ...], offsets: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[int, int] | None:
+    """Where a block of a C-order chunk lies, as (first element, count), if it is one contiguous run.
+
+    It is when every dimension before the first one longer than 1 is a single index and every one
+    after it is whole (e.g. a range of rows: FSDP2 shards dimension 0).
+    """
+    first = next((d for d, n in enumerate(lengths) if n != 1), len(lengths))
+    if any(lengths[d] != sizes[d] for d in range(first + 1, len(sizes))):
+        return None
+    start, stride = 0, 1
+    for size, offset in zip(reversed(sizes), reversed(offsets)):
+        start += offset * stride
+        stride *= size
+    return start, math.prod(lengths)
+
+
+def _read_exact(f: BinaryIO, start: int, into: memoryview, path: str) -> None:
+    f.seek(start)
+    done = 0
+    while done < into.nbytes:
+        count = f.readinto(into[done:])
+        if not count:
+            raise CheckpointError(f"Checkpoint file {path!r} is damaged: it ends at byte {start + done}, before the "
+                                  f"chunk that should end at byte {start + into.nbytes}. Load an earlier checkpoint.")
+        done += count
+
+
+class RawReader(JsonReader):
+    """Reads raw chunks (`RawWriter`'s files) straight into the tensors they fill.
+
+    A chunk, or the run of rows of it that this rank needs, is read into its target in one call
+    when the target is a dense CPU tensor of the saved dtype; otherwise through a staging tensor.
+    """
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Reads every item of this rank's plan, file by file, in file order."""
+        chunks = {(fqn, tuple(chunk.offsets)): (tuple(chunk.sizes), entry.properties.dtype)
+                  for fqn, entry in self._metadata.state_dict_metadata.items() for chunk in entry.chunks}
+        per_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in per_file.items():
+            path = os.path.join(self.path, name)
+            with open(path, "rb", buffering=0) as f:
+                for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
+                    sizes, dtype = chunks[(item.storage_index.fqn, tuple(item.storage_index.offset))]
+                    self._read_item(f, path, item, planner, sizes, dtype)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _read_item(self, f: BinaryIO, path: str, item: Any, planner: LoadPlanner, sizes: tuple[int, ...],
+                   dtype: torch.dtype) -> None:
+        start = self.storage_data[item.storage_index].offset
+        target = planner.resolve_tensor(item).detach()
+        lengths = tuple(item.lengths)
+        span = _span(sizes, tuple(item.storage_offsets), lengths)
+        direct = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous()
+        if span is not None:
+            into = target if direct else torch.empty(lengths, dtype=dtype)
+            _read_exact(f, start + span[0] * dtype.itemsize, _as_bytes(into), path)
+        else:  # a block that is not one run: read the whole chunk, then copy the block out
+            chunk = torch.empty(sizes, dtype=dtype)
+            _read_exact(f, start, _as_bytes(chunk), path)
+            into = chunk
+            for dim, (offset, length) in enumerate(zip(item.storage_offsets, lengths)):
+                into = into.narrow(dim, offset, length)
+        if into is not target:
+            target.copy_(into)
+        planner.commit_tensor(item, target)
+
+
+def storage_reader(path: str | os.PathLike[str], metadata: ShardMetadata) -> JsonReader:
+    """The reader for shard files stored as `metadata` says."""
+    return (RawReader if metadata.items == RAW else JsonReader)(path, metadata)
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):

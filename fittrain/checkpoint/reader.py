@@ -210,6 +210,11 @@ class CheckpointReader:
         """Returns whether the manifest lists a file called `name`."""
         return name in self._files
 
+    def size(self, name: str) -> int | None:
+        """Returns the size in bytes the manifest lists for `name`, or None when it is not listed."""
+        entry = self._files.get(name)
+        return None if entry is None else entry["size"]
+
     def _file(self, name: str) -> pathlib.Path:
         if name not in self._files:
             raise CheckpointError(

@@ -15,7 +15,7 @@ from . import checks
 from .errors import CheckpointError, CheckpointMismatchError
 from .reader import CheckpointReader
 from .rng import derive_rank_state, restore_rng_state
-from .sharded import read_index, saved_indices, verify_shards
+from .sharded import ShardCheck, read_index, saved_indices
 from .snapshot import META_NAME, StateParts, indexed_name
 
 
@@ -95,10 +95,9 @@ def _file_names(parts: StateParts) -> dict[str, list[str]]:
     }
 
 
-def _read_shards(reader: CheckpointReader, parts: StateParts, meta: dict[str, Any], rank: int,
-                 share: Callable[[Any], list[Any]]) -> Any:
-    """Reads a sharded checkpoint's index, checks its model and optimizer counts and types, and
-    verifies every shard file (each rank a share); returns the index for `sharded.read_shards`."""
+def _read_shards(reader: CheckpointReader, parts: StateParts, meta: dict[str, Any]) -> Any:
+    """Reads a sharded checkpoint's index and checks its model and optimizer counts and types;
+    returns the index for `sharded.read_shards`."""
     index = read_index(reader)
     for kind, live in (("model", len(parts.model_state_dicts)), ("optimizer", len(parts.optimizers))):
         saved = saved_indices(index[1], kind)
@@ -112,7 +111,6 @@ def _read_shards(reader: CheckpointReader, parts: StateParts, meta: dict[str, An
             f"Checkpoint {reader.path} holds the state of optimizers {saved_types}, but this run has {live_types}. "
             "An optimizer's state loads only into the same kind of optimizer; prepare the ones the run that saved "
             "it had.")
-    verify_shards(reader, rank, parts.accelerator_state["num_processes"], share)
     return index
 
 
@@ -134,9 +132,11 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
     """
     meta = _read_meta(reader, parts.accelerator_state)
     names = _file_names(parts)
-    shards = None
+    shards = check = None
     if meta.get("state_dict_type") == "sharded":
-        shards = _read_shards(reader, parts, meta, rank, share)
+        # Each rank checks its share of the shard files while it reads everything else.
+        check = ShardCheck(reader, rank, parts.accelerator_state["num_processes"])
+        shards = _read_shards(reader, parts, meta)
         names["models"], names["optimizers"] = [], []
     for kind, files in names.items():
         for name in files:
@@ -154,6 +154,8 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
         "meta": meta, "folder": reader.path, "names": names, "rank": rank,
     }
     _check_loaded(reader.path, loaded, parts)
+    if check is not None:
+        check.wait(share)
     return loaded
 
 

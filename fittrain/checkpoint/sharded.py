@@ -4,14 +4,14 @@ A sharded checkpoint keeps the models and optimizers in one subfolder instead of
 `model.safetensors` and `optimizer.pt`:
 
     shards/__{rank}_0.distcp    the tensors each rank holds (its FSDP2 shards; a replicated tensor
-                                is written once, by one rank), written in parallel by DCP
+                                is written once, by one rank) as raw bytes, written in parallel
     shards/metadata.json        where every chunk of every tensor lies (`dcp_io`; never pickled)
     shards/values.pt            the rest of each state (an optimizer's param_groups), weights_only
 
 No rank gathers the full state: each writes its shard, so memory grows with the shard, not the
 model. Loading reshards: every rank reads the chunks that overlap what it holds now, on any
 number of processes. The files are covered by the checkpoint's manifest like any other; each rank
-checks the checksums of a share of them before DCP reads (`verify_shards`).
+checks the checksums of a share of them before DCP reads (`ShardCheck`).
 
 The state of a model is keyed `model_{i}/{name}`, of an optimizer `optimizer_{i}/{path}`, paths
 joined with "/" (parameter names contain dots).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import threading
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -28,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
-from .fastio import file_checksum
 from .renames import fsync_dir
 
 # torch.distributed.checkpoint (`dcp_io`) is imported when a sharded checkpoint is written or
@@ -101,18 +101,17 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from .dcp_io import JsonWriter
+    from .dcp_io import RawWriter
 
     tensors: dict[str, torch.Tensor] = {}
     values = {name: split_tensors(state, name, tensors) for name, state in states.items()}
     (folder / SHARDS_DIR).mkdir(exist_ok=True)
+    storage = RawWriter(folder / SHARDS_DIR)
     with _one_process_is_fine():
-        dcp.save(tensors, storage_writer=JsonWriter(folder / SHARDS_DIR), planner=DefaultSavePlanner(),
-                 process_group=group, no_dist=not dist.is_initialized())
-    fsync_dir(folder / SHARDS_DIR)  # DCP fsyncs its files, not the folder's entries for them
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
-    own = {f"{SHARDS_DIR}/{path.name}": file_checksum(path)
-           for path in sorted((folder / SHARDS_DIR).glob(f"__{rank}_*.distcp"))}
+        dcp.save(tensors, storage_writer=storage, planner=DefaultSavePlanner(), process_group=group,
+                 no_dist=not dist.is_initialized())
+    fsync_dir(folder / SHARDS_DIR)  # the writer fsyncs its file, not the folder's entry for it
+    own = {f"{SHARDS_DIR}/{name}": size_crc for name, size_crc in storage.written.items()}
     everyone = [own]
     if dist.is_initialized():
         everyone = [{} for _ in range(dist.get_world_size(group))]
@@ -138,6 +137,14 @@ def read_index(reader: Any) -> tuple[Any, dict[str, Any]]:
     except ValueError as err:
         raise CheckpointError(f"Checkpoint file {reader.path / METADATA_PATH} is damaged: {err}. Nothing was "
                               "loaded; load another checkpoint.") from None
+    for index, info in metadata.storage_data.items():
+        size = reader.size(f"{SHARDS_DIR}/{info.relative_path}")
+        if size is None or info.offset + info.length > size:
+            raise CheckpointError(
+                f"Checkpoint file {reader.path / METADATA_PATH} is damaged: it places {index.fqn!r} at bytes "
+                f"{info.offset} to {info.offset + info.length} of {info.relative_path}, which the manifest "
+                f"{'does not list' if size is None else f'lists as {size} bytes'}. Nothing was loaded; load another "
+                "checkpoint.")
     values = reader.read_torch(VALUES_NAME)
     if not (isinstance(values, dict) and all(isinstance(key, str) for key in values)):
         raise CheckpointError(f"Checkpoint file {reader.path / VALUES_NAME} is damaged: it is not a dict of states "
@@ -182,29 +189,48 @@ def shard_files(reader: Any) -> list[str]:
     return [name for name in reader.names() if name.startswith(f"{SHARDS_DIR}/") and name.endswith(".distcp")]
 
 
-def verify_shards(reader: Any, rank: int, world: int, share: Callable[[Any], list[Any]]) -> None:
-    """Checks every shard file's checksum, each rank a share, and raises the same error on all ranks.
+class ShardCheck:
+    """Checks the checksums of this rank's share of the shard files on a thread, while the rest of
+    the checkpoint is read; `wait` ends the check on every rank together.
+
+    zlib releases the GIL while it checksums, so where a core is free the check hides behind the
+    other reads. No tensor is read before `wait` returns: a damaged shard changes nothing.
 
     Args:
         reader: The checkpoint's reader.
-        rank, world: This process and the number of processes.
-        share: Gathers one value from every rank to every rank (all_gather_object).
-
-    Raises:
-        CheckpointError: naming the first damaged shard file, on every rank.
+        rank, world: This process and the number of processes (rank r checks files r, r + world, ...).
     """
-    problem = None
-    for name in shard_files(reader)[rank::world]:
+
+    def __init__(self, reader: Any, rank: int, world: int) -> None:
+        self._reader, self._names = reader, shard_files(reader)[rank::world]
+        self._problem: tuple[str, str] | None = None
+        self._thread = threading.Thread(target=self._run, name="fittrain-shard-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         try:
-            reader.verify([name])
+            self._reader.verify(self._names)
         except CheckpointError as err:
-            problem = (type(err).__name__, str(err))
-            break
-    found = [p for p in share(problem) if p is not None]
-    if found:
-        # A folder pruned meanwhile stays a deletion (load_newest moves on), anything else is damage.
-        kind, message = found[0]
-        raise (CheckpointDeletedError if kind == CheckpointDeletedError.__name__ else CheckpointError)(message)
+            self._problem = (type(err).__name__, str(err))
+        except Exception as err:  # noqa: BLE001 - reported on every rank by `wait`, never lost on the thread
+            self._problem = (CheckpointError.__name__, f"Checking the shard files of {self._reader.path} failed: "
+                             f"{type(err).__name__}: {err}. Nothing was loaded.")
+
+    def wait(self, share: Callable[[Any], list[Any]]) -> None:
+        """Waits for this rank's check and raises the first problem any rank found, on every rank.
+
+        Args:
+            share: Gathers one value from every rank to every rank (all_gather_object).
+
+        Raises:
+            CheckpointError: naming the first damaged shard file (CheckpointDeletedError when the
+                folder was pruned meanwhile, so that `load_newest` moves on).
+        """
+        self._thread.join()
+        found = [p for p in share(self._problem) if p is not None]
+        if found:
+            kind, message = found[0]
+            raise (CheckpointDeletedError if kind == CheckpointDeletedError.__name__ else CheckpointError)(message)
 
 
 def read_shards(reader: Any, states: dict[str, Any], index: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
@@ -237,13 +263,20 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
             otherwise this process reads on its own, whatever the others do.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    from .dcp_io import JsonReader, TensorsOnlyLoadPlanner
+    from .dcp_io import TensorsOnlyLoadPlanner, storage_reader
 
     no_dist = not (collective and dist.is_initialized())
-    with _one_process_is_fine(no_dist):
-        dcp.load(tensors, storage_reader=JsonReader(reader.path / SHARDS_DIR, metadata),
-                 planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+    try:
+        with _one_process_is_fine(no_dist):
+            dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata),
+                     planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
+    except CheckpointException as err:  # DCP gathers every rank's exception into one BaseException
+        first = err.failures[min(err.failures)][0]
+        if isinstance(first, CheckpointError):
+            raise first from None
+        raise
 
 
 def whole_model(reader: Any, index: tuple[Any, dict[str, Any]], model: int = 0) -> dict[str, torch.Tensor]:
