@@ -17,7 +17,7 @@ from torch import nn
 from fittrain import Accelerator
 from fittrain.checkpoint import CheckpointError, CheckpointMismatchError, load_model_weights
 from fittrain.checkpoint.dcp_io import metadata_from_json
-from fittrain.checkpoint.fastio import file_checksum
+from fittrain.checkpoint.crc import file_checksum
 
 
 def _run(state_dict_type: str = "sharded", width: int = 8, optimizer: type = torch.optim.AdamW):

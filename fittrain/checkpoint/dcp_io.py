@@ -25,7 +25,6 @@ import json
 import math
 import os
 import sys
-import zlib
 from typing import Any, BinaryIO
 
 import torch
@@ -44,6 +43,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .crc import crc32_beside
 from .errors import CheckpointError
 
 # DCP's metadata, as fittrain writes it beside the shard files (`sharded.METADATA_PATH`).
@@ -193,8 +193,7 @@ class RawWriter(FileSystemWriter):
                     raise CheckpointError(f"The chunk of {item.index.fqn!r} to save has shape {tuple(tensor.shape)}, "
                                           f"but DCP planned {tuple(item.tensor_data.chunk.sizes)}.")
                 data = _as_bytes(tensor)
-                f.write(data)
-                crc = zlib.crc32(data, crc)
+                crc = crc32_beside(data, crc, f.write)
                 results.append(WriteResult(index=item.index, size_in_bytes=data.nbytes,
                                            storage_data=_StorageInfo(name, offset, data.nbytes)))
                 offset += data.nbytes

@@ -2,9 +2,9 @@
 
 `CheckpointWriter` (made by `folder.atomic_checkpoint`, which owns the folder and the manifest;
 `reader` reads the files back) sends every file through a `ChecksumSink`, which keeps the
-running size and CRC32, so a file is never held whole in memory nor read back: `torch.save`
-streams straight into it, and `write_safetensors` writes the header and then each tensor's
-bytes as a zero-copy view. Its files are byte-identical to ``safetensors.torch.save`` of the
+running size and CRC32 (a large write's on a thread beside the write: `crc`), so a file is never
+held whole in memory nor read back: `torch.save` streams straight into it, and
+`write_safetensors` writes the header and then each tensor's bytes as a zero-copy view. Its files are byte-identical to ``safetensors.torch.save`` of the
 same tensors and metadata (same dtype-then-name order, compact JSON header padded with spaces to
 8 bytes). `BackgroundSync` fsyncs finished files on threads while the next file is written; the
 writer's owner joins it before the folder is renamed.
@@ -17,7 +17,6 @@ import os
 import struct
 import sys
 import threading
-import zlib
 import contextlib
 import pathlib
 from collections.abc import Callable, Mapping
@@ -26,12 +25,11 @@ from typing import Any, BinaryIO
 import safetensors.torch
 import torch
 
+from .crc import crc32_beside
 from .temp_folders import WRITER_MARKER
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 16 * 1024 * 1024
-# What `file_checksum` reads at a time: large enough for full speed, small enough to stay out of sight.
-_READ_CHUNK = 1024 * 1024
 
 # The safetensors dtype names, in the order of the Rust crate's `Dtype` enum. It writes tensors
 # sorted by that order descending (wider dtypes first, so every tensor stays aligned), then by
@@ -85,8 +83,11 @@ class ChecksumSink:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Writes all of `data`, updating the size and checksum, and returns its length."""
         view = memoryview(data).cast("B")
-        self.crc32 = zlib.crc32(view, self.crc32)
+        self.crc32 = crc32_beside(view, self.crc32, self._write_all)
         self.size += view.nbytes
+        return view.nbytes
+
+    def _write_all(self, view: memoryview) -> None:
         written = 0
         try:
             while written < view.nbytes:  # A raw write may be partial.
@@ -94,7 +95,6 @@ class ChecksumSink:
         except OSError as err:
             self.error = self.error or err
             raise
-        return view.nbytes
 
     def flush(self) -> None:
         """Flushes the wrapped file (called by `torch.save`)."""
@@ -210,31 +210,6 @@ class BackgroundSync:
         errors, self._errors = self._errors, []
         if errors:
             raise errors[0]
-
-
-def file_checksum(path: str | os.PathLike[str], expected_size: int | None = None) -> tuple[int, int]:
-    """Returns the size and CRC32 of a file, read through one small reused buffer.
-
-    Not through a memory map: its pages would count in the process's resident memory, as much
-    as the file (a rank verifying its shards would look as if it had loaded them twice).
-
-    When `expected_size` is given and differs from the file's size, the size is returned with a
-    CRC32 of 0 without reading the file: the file is damaged either way.
-    """
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0 or (expected_size is not None and size != expected_size):
-            return size, 0
-        buffer = bytearray(_READ_CHUNK)
-        view = memoryview(buffer)
-        crc = 0
-        while True:
-            count = f.readinto(buffer)
-            if not count:
-                break
-            crc = zlib.crc32(view[:count], crc)
-        view.release()
-    return size, crc
 
 
 class CheckpointWriter:

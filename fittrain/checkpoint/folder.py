@@ -20,7 +20,8 @@ import pathlib
 from collections.abc import Callable, Iterator
 
 from .errors import CheckpointError
-from .fastio import MANIFEST_NAME, CheckpointWriter, file_checksum
+from .crc import file_checksum
+from .fastio import MANIFEST_NAME, CheckpointWriter
 from .renames import commit_replacing, fsync_dir as _fsync_dir, rename_noreplace
 from .temp_folders import (
     WRITER_MARKER,

@@ -22,7 +22,8 @@ import safetensors.torch
 import torch
 
 from .errors import CheckpointDeletedError, CheckpointError, brief
-from .fastio import MANIFEST_NAME, file_checksum, is_listed_name
+from .crc import file_checksum
+from .fastio import MANIFEST_NAME, is_listed_name
 from .folder import MANIFEST_FORMAT, MANIFEST_VERSION
 
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
@@ -251,8 +252,8 @@ class CheckpointReader:
     def _decode(self, name: str, decode: Callable[[pathlib.Path], Any], refusal: str) -> Any:
         """Checks a file's size and CRC32, then parses it with `decode`, naming the file if that fails.
 
-        The checksum is computed over a memory map of the file (no copy); `decode` then reads
-        the file straight into the memory its result keeps, so a large file is copied once.
+        The checksum pass reads a large file in parts on threads (`crc.file_checksum`); `decode`
+        then parses the file, whose pages that pass just brought into the page cache.
         """
         path = self._verified(name)
         try:
