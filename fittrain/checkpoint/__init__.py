@@ -36,8 +36,9 @@ Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); la
 "latest" is); snapshot (what is saved; capture, write); restore (read, check, apply); checks
 (parsed contents against the live run); errors (CheckpointError and its subclasses); folder
 (atomic_checkpoint, manifest); reader (CheckpointReader, is_intact, JSON limits); fastio
-(CheckpointWriter, streamed checksummed files); temp_folders (claimed temporary folders); renames
-(no-replace and exchange renames); background (async saves); rng (RNG capture and restore);
+(CheckpointWriter, streamed checksummed files); crc (CRC32 on a second core); temp_folders
+(claimed temporary folders); renames (no-replace and exchange renames); background (async
+saves); rng (RNG capture and restore);
 model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
 (Accelerate's save/load pre-hooks); sharded (DCP shards: write, verify, read, whole_model);
 dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only).
