@@ -4,10 +4,11 @@
 `reader` reads the files back) sends every file through a `ChecksumSink`, which keeps the
 running size and CRC32 (a large write's on a thread beside the write: `crc`), so a file is never
 held whole in memory nor read back: `torch.save` streams straight into it, and
-`write_safetensors` writes the header and then each tensor's bytes as a zero-copy view. Its files are byte-identical to ``safetensors.torch.save`` of the
-same tensors and metadata (same dtype-then-name order, compact JSON header padded with spaces to
-8 bytes). `BackgroundSync` fsyncs finished files on threads while the next file is written; the
-writer's owner joins it before the folder is renamed.
+`write_safetensors` writes the header and then each tensor's bytes as a zero-copy view. Its
+files are byte-identical to ``safetensors.torch.save`` of the same tensors and metadata (same
+dtype-then-name order, compact JSON header padded with spaces to 8 bytes). `BackgroundSync`
+fsyncs finished files on threads while the next file is written; the writer's owner joins it
+before the folder is renamed.
 """
 
 from __future__ import annotations
