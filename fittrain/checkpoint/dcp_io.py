@@ -20,11 +20,13 @@ tensor stored with `torch.save` and read back with `weights_only=True`) and repl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import torch
@@ -165,6 +167,18 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy())
 
 
+@contextlib.contextmanager
+def _names_the_file(path: str) -> Iterator[None]:
+    """A failed write (a full disk) raises an OSError without a file name; this adds `path`, so the
+    error says which file of which checkpoint could not be written, as full checkpoints' errors do."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror, path) from err
+        raise
+
+
 class RawWriter(FileSystemWriter):
     """Writes this rank's chunks as raw bytes into one file, `__{rank}_0.distcp`, fsynced; and the
     metadata as JSON (on the coordinating rank).
@@ -184,7 +198,8 @@ class RawWriter(FileSystemWriter):
         """Writes every chunk of this rank's plan, in plan order."""
         name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         results, crc, offset = [], 0, 0
-        with open(os.path.join(self.path, name), "wb") as f:
+        path = os.path.join(self.path, name)
+        with _names_the_file(path), open(path, "wb") as f:
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
                     raise CheckpointError(f"A sharded checkpoint holds tensors only; {item.index.fqn!r} is not one.")
@@ -208,7 +223,8 @@ class RawWriter(FileSystemWriter):
         """On the coordinating rank: writes the metadata of every rank's chunks, durably."""
         metadata.storage_data = {result.index: result.storage_data for rank in results for result in rank}
         text = json.dumps(metadata_to_json(metadata), sort_keys=True)
-        with open(os.path.join(self.path, METADATA_NAME), "w", encoding="utf-8") as f:
+        path = os.path.join(self.path, METADATA_NAME)
+        with _names_the_file(path), open(path, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

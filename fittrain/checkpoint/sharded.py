@@ -83,6 +83,25 @@ def _one_process_is_fine(alone: bool | None = None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _first_failure() -> Iterator[None]:
+    """Raises the first failing rank's own exception, on every rank, instead of DCP's summary.
+
+    DCP gathers every rank's exception into one `CheckpointException`, a BaseException (so
+    `except Exception` misses it) whose message is a stack dump. Unwrapped, a full disk stays an
+    OSError naming its file and a damaged shard a CheckpointError naming it, as with full checkpoints.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        first = err.failures[min(err.failures)][0] if err.failures else None
+        if isinstance(first, Exception):
+            raise first from None
+        raise
+
+
 def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: bool, writer: Any,
                  group: Any = None) -> None:
     """Every rank writes its shards of `states` into `folder/shards` (collective).
@@ -107,7 +126,7 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
     values = {name: split_tensors(state, name, tensors) for name, state in states.items()}
     (folder / SHARDS_DIR).mkdir(exist_ok=True)
     storage = RawWriter(folder / SHARDS_DIR)
-    with _one_process_is_fine():
+    with _first_failure(), _one_process_is_fine():
         dcp.save(tensors, storage_writer=storage, planner=DefaultSavePlanner(), process_group=group,
                  no_dist=not dist.is_initialized())
     fsync_dir(folder / SHARDS_DIR)  # the writer fsyncs its file, not the folder's entry for it
@@ -263,20 +282,13 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
             otherwise this process reads on its own, whatever the others do.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
 
     from .dcp_io import TensorsOnlyLoadPlanner, storage_reader
 
     no_dist = not (collective and dist.is_initialized())
-    try:
-        with _one_process_is_fine(no_dist):
-            dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata),
-                     planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
-    except CheckpointException as err:  # DCP gathers every rank's exception into one BaseException
-        first = err.failures[min(err.failures)][0]
-        if isinstance(first, CheckpointError):
-            raise first from None
-        raise
+    with _first_failure(), _one_process_is_fine(no_dist):
+        dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata),
+                 planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
 
 
 def whole_model(reader: Any, index: tuple[Any, dict[str, Any]], model: int = 0) -> dict[str, torch.Tensor]:

@@ -2,7 +2,8 @@
 
 Each rank writes its own shards; a resume is bitwise; an asynchronous sharded save killed in the
 middle leaves the previous checkpoint "latest" and intact; a damaged shard is named on every rank
-and passed over for the previous checkpoint (scripts/sharded_worker.py).
+and passed over for the previous checkpoint; a rank whose disk fills mid-save fails the save on
+every rank with that rank's OSError, and the same save then succeeds (scripts/sharded_worker.py).
 """
 
 from __future__ import annotations
@@ -111,3 +112,19 @@ def test_a_damaged_shard_is_named_on_every_rank_and_the_previous_checkpoint_load
         assert facts["unchanged"]
         # load_state() passes over the damaged newest checkpoint (with a warning) for the one before.
         assert facts["newest"] == list_checkpoints(checkpoints)[-2].name and facts["step"] == 1
+
+
+def test_a_full_disk_on_one_rank_fails_the_save_on_every_rank_with_its_oserror_and_a_retry_succeeds(
+        tmp_path: pathlib.Path) -> None:
+    run(torchrun(2, "sharded_worker.py", "full-disk", "--out", str(tmp_path))).check()
+    checkpoints = tmp_path / "project" / "checkpoints"
+    for facts in _ranks(tmp_path, "disk", 2):
+        # Rank 1's own error on both ranks, naming its shard file: not DCP's CheckpointException.
+        assert facts["failed"].startswith("OSError: [Errno 27]") and facts["errno"] == 27, facts
+        assert "shards/__1_0.distcp" in facts["failed"], facts
+        assert facts["first"] == "checkpoint_0"
+        assert facts["retry"] == "checkpoint_2", facts  # automatic naming: the retry takes the next number
+    assert [folder.name for folder in list_checkpoints(checkpoints)] == ["checkpoint_0", "checkpoint_2"]
+    assert all(is_intact(folder) for folder in list_checkpoints(checkpoints))
+    # The failed save left nothing behind: no temporary folder, no half-written checkpoint_1.
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["checkpoint_0", "checkpoint_2"]

@@ -18,6 +18,10 @@ Modes:
                 shard write slowed by --slow seconds) until killed or --steps.
     load        tries load_state(--ckpt), then load_state() (the newest intact one); writes what
                 each raised or loaded to DIR/load{r}.json.
+    full-disk   saves after step 1; then rank 1 may write no file over 100 KB (RLIMIT_FSIZE: its
+                writes fail with EFBIG, as on a full disk) and saves after step 2; then the limit
+                goes and the same save is tried again. Writes what each save raised or returned to
+                DIR/disk{r}.json.
 """
 
 from __future__ import annotations
@@ -158,9 +162,33 @@ def load(args: argparse.Namespace) -> None:
     (args.out / f"load{accelerator.process_index}.json").write_text(json.dumps(facts))
 
 
+def full_disk(args: argparse.Namespace) -> None:
+    import resource
+    import signal
+
+    accelerator, model, optimizer, scheduler, counter = build(args.out, args.state_dict_type)
+    facts: dict[str, Any] = {}
+    train_step(accelerator, model, optimizer, scheduler, counter)
+    facts["first"] = pathlib.Path(accelerator.save_state()).name
+    train_step(accelerator, model, optimizer, scheduler, counter)
+    unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if accelerator.process_index == 1:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, unlimited[1]))
+    try:
+        accelerator.save_state()
+        facts["failed"] = "returned"
+    except Exception as err:  # reported to the test, which checks type, errno and message
+        facts["failed"] = f"{type(err).__name__}: {err}"
+        facts["errno"] = getattr(err, "errno", None)
+    resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
+    facts["retry"] = pathlib.Path(accelerator.save_state()).name
+    (args.out / f"disk{accelerator.process_index}.json").write_text(json.dumps(facts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("resume", "continue", "reference", "async", "load"))
+    parser.add_argument("mode", choices=("resume", "continue", "reference", "async", "load", "full-disk"))
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--save-at", type=int, default=3)
@@ -170,7 +198,7 @@ def main() -> None:
     parser.add_argument("--state-dict-type", default="sharded")
     args = parser.parse_args()
     {"resume": resume, "continue": continue_run, "reference": reference, "async": async_saves,
-     "load": load}[args.mode](args)
+     "load": load, "full-disk": full_disk}[args.mode](args)
 
 
 if __name__ == "__main__":
