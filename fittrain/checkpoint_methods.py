@@ -218,18 +218,18 @@ class CheckpointMethods:
         A sharded checkpoint loads each rank's shard (nothing is gathered); a full one is read
         whole and resharded under FSDP2. (`Checkpointer(restore_best=True)` uses it.)
         """
-        reader = CheckpointReader(folder)
-        if not reader.has(METADATA_PATH):
-            parallel.load_full_state_dict(model, load_model_weights(folder))
-            return
-        from . import sharded_state
+        with CheckpointReader(folder) as reader:  # closing the shard files it holds
+            if not reader.has(METADATA_PATH):
+                parallel.load_full_state_dict(model, load_model_weights(folder))
+                return
+            from . import sharded_state
 
-        check = ShardCheck(reader, self.process_index, self.num_processes)
-        index = read_index(reader)
-        check.wait(self._share)
-        i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
-        filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
-        sharded_state.load_model_state(model, filled[f"model_{i}"])
+            check = ShardCheck(reader, self.process_index, self.num_processes)
+            index = read_index(reader)
+            check.wait(self._share)
+            i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
+            filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
+            sharded_state.load_model_state(model, filled[f"model_{i}"])
 
     def _share(self, value: Any) -> list[Any]:
         """`value` from every process, on every process (so that all of them refuse a damaged shard)."""
@@ -338,18 +338,18 @@ class CheckpointMethods:
 
     def _load_folder(self, source: pathlib.Path) -> str:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
-        reader = CheckpointReader(source)
-        kept = self._state_hooks.run_load(list(self._models), os.fspath(source), reader)
-        parts = self._state_parts(gather=False)
-        parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
-        # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-        loaded = read_state(reader, parts, self.process_index, self._share)
-        check_model_states(reader.path, loaded["models"],
-                           [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
-        apply_state(
-            loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
-            lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd),
-            lambda index: self._load_shards(reader, index, kept))
+        with CheckpointReader(source) as reader:  # a sharded load holds its shard files until the end
+            kept = self._state_hooks.run_load(list(self._models), os.fspath(source), reader)
+            parts = self._state_parts(gather=False)
+            parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
+            # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
+            loaded = read_state(reader, parts, self.process_index, self._share)
+            check_model_states(reader.path, loaded["models"],
+                               [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
+            apply_state(
+                loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
+                lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd),
+                lambda index: self._load_shards(reader, index, kept))
         self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
         return os.fspath(source)

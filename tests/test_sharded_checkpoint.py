@@ -6,16 +6,20 @@ refusal can be tested here; tests/distributed/test_sharded_fsdp.py runs 2 and 4 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
+import shutil
 import sys
 
 import pytest
 import torch
 from torch import nn
 
-from fittrain import Accelerator
-from fittrain.checkpoint import CheckpointError, CheckpointMismatchError, load_model_weights
+from fittrain import Accelerator, checkpoint_methods
+from fittrain.checkpoint import (CheckpointDeletedError, CheckpointError, CheckpointMismatchError, CheckpointReader,
+                                 load_model_weights)
 from fittrain.checkpoint.dcp_io import metadata_from_json
 from fittrain.checkpoint.crc import file_checksum
 
@@ -122,6 +126,69 @@ def test_a_damaged_shard_is_named(saved) -> None:
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp"):
         _run()[0].load_state(folder)
+
+
+def _open_files() -> list[str]:
+    """The files this process has open (Linux: /proc/self/fd), or [] where that cannot be listed."""
+    fds = pathlib.Path("/proc/self/fd")
+    if not fds.is_dir():
+        return []
+    found = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(fd))
+    return sorted(path for path in found if path.startswith("/") and not path.startswith("/dev"))
+
+
+def _prune(folder: pathlib.Path) -> None:
+    """What `total_limit` pruning in another run does to a folder: rename it away, then delete it."""
+    gone = folder.with_name(f".{folder.name}.pruned")
+    folder.rename(gone)
+    shutil.rmtree(gone)
+
+
+def test_a_folder_pruned_after_its_shards_were_verified_still_loads_whole(tmp_path, monkeypatch) -> None:
+    """The shards are read into the live model after everything else was checked and applied; a
+    concurrent pruner in between must not leave a load half done (the files are held open)."""
+    parts = _run(width=64)
+    _steps(parts, 3, seed=1)
+    folder = pathlib.Path(parts[0].save_state(tmp_path / "ckpt"))
+    saved_weights, saved_schedule = _weights(parts[1]), parts[3].state_dict()
+    _steps(parts, 2, seed=2)
+    apply_state = checkpoint_methods.apply_state
+
+    def pruned_first(*args, **kwargs):
+        _prune(folder)
+        return apply_state(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_methods, "apply_state", pruned_first)
+    open_files = _open_files()
+    parts[0].load_state(folder)
+    assert not folder.exists()
+    assert _open_files() == open_files  # the held shard files were closed when the load ended
+    loaded = _weights(parts[1])
+    assert all(torch.equal(loaded[k], saved_weights[k]) for k in saved_weights)
+    assert parts[3].state_dict() == saved_schedule
+
+
+def test_a_folder_pruned_before_its_shards_were_verified_is_refused_as_deleted(tmp_path, monkeypatch) -> None:
+    parts = _run(width=64)
+    _steps(parts, 3, seed=1)
+    folder = pathlib.Path(parts[0].save_state(tmp_path / "ckpt"))
+    _steps(parts, 2, seed=2)
+    before, schedule = _weights(parts[1]), parts[3].state_dict()
+    verify = CheckpointReader.verify
+
+    def pruned_first(self, names=None):
+        if folder.exists():
+            _prune(folder)
+        return verify(self, names)
+
+    monkeypatch.setattr(CheckpointReader, "verify", pruned_first)
+    with pytest.raises(CheckpointDeletedError, match="was deleted or replaced while it was being read"):
+        parts[0].load_state(folder)
+    assert all(torch.equal(_weights(parts[1])[k], before[k]) for k in before)
+    assert parts[3].state_dict() == schedule
 
 
 @pytest.mark.parametrize("change, message", [

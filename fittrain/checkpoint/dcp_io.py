@@ -282,7 +282,18 @@ class RawReader(JsonReader):
 
     A chunk, or the run of rows of it that this rank needs, is read into its target in one call
     when the target is a dense CPU tensor of the saved dtype; otherwise through a staging tensor.
+
+    Args:
+        path: The shards folder.
+        metadata: The shards' metadata.
+        held: Shard files already open, by name (`CheckpointReader.hold`): read from, not closed.
+            Others are opened by path.
     """
+
+    def __init__(self, path: str | os.PathLike[str], metadata: ShardMetadata,
+                 held: dict[str, BinaryIO] | None = None) -> None:
+        super().__init__(path, metadata)
+        self._held = held or {}
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Reads every item of this rank's plan, file by file, in file order."""
@@ -293,7 +304,8 @@ class RawReader(JsonReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for name, items in per_file.items():
             path = os.path.join(self.path, name)
-            with open(path, "rb", buffering=0) as f:
+            held = self._held.get(name)
+            with contextlib.nullcontext(held) if held is not None else open(path, "rb", buffering=0) as f:
                 for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
                     sizes, dtype = chunks[(item.storage_index.fqn, tuple(item.storage_index.offset))]
                     self._read_item(f, path, item, planner, sizes, dtype)
@@ -322,9 +334,12 @@ class RawReader(JsonReader):
         planner.commit_tensor(item, target)
 
 
-def storage_reader(path: str | os.PathLike[str], metadata: ShardMetadata) -> JsonReader:
-    """The reader for shard files stored as `metadata` says."""
-    return (RawReader if metadata.items == RAW else JsonReader)(path, metadata)
+def storage_reader(path: str | os.PathLike[str], metadata: ShardMetadata,
+                   held: dict[str, BinaryIO] | None = None) -> JsonReader:
+    """The reader for shard files stored as `metadata` says (raw ones read from `held` files first)."""
+    if metadata.items == RAW:
+        return RawReader(path, metadata, held)
+    return JsonReader(path, metadata)
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):

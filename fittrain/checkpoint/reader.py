@@ -3,7 +3,8 @@
 Reads use only safetensors, JSON or ``torch.load(weights_only=True)``. A read takes a file into
 memory once and checks its size and CRC32 against the manifest (written last by `folder`) before
 anything parses it; nothing loaded keeps a checkpoint's file open or mapped, so a pruned folder
-frees its disk space at once. JSON is parsed with limits on size and nesting, so a hostile file
+frees its disk space at once. (A sharded load holds its shard files open while it runs, `hold`:
+what was verified is then what is read, even if the folder is pruned meanwhile.) JSON is parsed with limits on size and nesting, so a hostile file
 is a damaged one, never a crash.
 """
 
@@ -16,7 +17,7 @@ import pathlib
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 import safetensors.torch
 import torch
@@ -29,6 +30,8 @@ from .folder import MANIFEST_FORMAT, MANIFEST_VERSION
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
 # tiny and three levels deep; the caps keep a hostile file from exhausting memory or the stack.
 _JSON_MAX_BYTES = 64 * 1024 * 1024
+#: The most files `CheckpointReader.hold` keeps open at once (the process's descriptors are limited).
+HOLD_MAX = 256
 _JSON_MAX_DEPTH = 32
 
 
@@ -162,6 +165,7 @@ class CheckpointReader:
             )
         # Which folder this is: one renamed away and replaced under the same name is another.
         self._identity = (found.st_dev, found.st_ino)
+        self._held: dict[str, BinaryIO] = {}
         with self._unless_deleted():
             if not (self._path / MANIFEST_NAME).is_file():
                 raise CheckpointError(
@@ -229,6 +233,41 @@ class CheckpointReader:
                 "The checkpoint is damaged; load an earlier one."
             )
         return path
+
+    def hold(self, names: Iterable[str]) -> None:
+        """Opens listed files and keeps them open until `close`, so that they stay readable (the same
+        files, whole) if the folder is pruned or replaced meanwhile. A sharded load holds its shard
+        files before it verifies them and reads them long after, into the live model.
+
+        At most `HOLD_MAX` files are held (a file descriptor each); the rest are opened when read.
+
+        Raises:
+            CheckpointError: A file is not listed or is missing (CheckpointDeletedError: the folder
+                was deleted or replaced meanwhile).
+        """
+        for name in names:
+            if len(self._held) >= HOLD_MAX:
+                return
+            if name not in self._held:
+                with self._unless_deleted():
+                    self._held[name] = open(self._file(name), "rb", buffering=0)  # noqa: SIM115 - closed by close()
+
+    @property
+    def held(self) -> dict[str, BinaryIO]:
+        """The open files `hold` keeps, by manifest name."""
+        return dict(self._held)
+
+    def close(self) -> None:
+        """Closes the files `hold` opened."""
+        held, self._held = self._held, {}
+        for file in held.values():
+            file.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _check(self, path: pathlib.Path, size: int, crc: int) -> None:
         expected = self._files[path.relative_to(self._path).as_posix()]

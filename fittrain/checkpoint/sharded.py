@@ -215,14 +215,25 @@ class ShardCheck:
     zlib releases the GIL while it checksums, so where a core is free the check hides behind the
     other reads. No tensor is read before `wait` returns: a damaged shard changes nothing.
 
+    Every shard file is opened first and held by the reader (`CheckpointReader.hold`) until the
+    load ends: the shards are read into the live model after the other files were applied, and a
+    folder pruned in between must not leave a load half done. Held, the verified files stay
+    readable whole; a folder pruned before they were verified is refused as deleted.
+
     Args:
-        reader: The checkpoint's reader.
+        reader: The checkpoint's reader (closed by its owner when the load ends).
         rank, world: This process and the number of processes (rank r checks files r, r + world, ...).
     """
 
     def __init__(self, reader: Any, rank: int, world: int) -> None:
         self._reader, self._names = reader, shard_files(reader)[rank::world]
         self._problem: tuple[str, str] | None = None
+        self._thread: threading.Thread | None = None
+        try:
+            reader.hold(shard_files(reader))
+        except CheckpointError as err:  # raised on every rank together, by `wait`
+            self._problem = (type(err).__name__, str(err))
+            return
         self._thread = threading.Thread(target=self._run, name="fittrain-shard-check", daemon=True)
         self._thread.start()
 
@@ -245,7 +256,8 @@ class ShardCheck:
             CheckpointError: naming the first damaged shard file (CheckpointDeletedError when the
                 folder was pruned meanwhile, so that `load_newest` moves on).
         """
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         found = [p for p in share(self._problem) if p is not None]
         if found:
             kind, message = found[0]
@@ -286,8 +298,9 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
     from .dcp_io import TensorsOnlyLoadPlanner, storage_reader
 
     no_dist = not (collective and dist.is_initialized())
+    held = {name[len(SHARDS_DIR) + 1:]: file for name, file in reader.held.items() if name.startswith(f"{SHARDS_DIR}/")}
     with _first_failure(), _one_process_is_fine(no_dist):
-        dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata),
+        dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata, held),
                  planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
 
 
