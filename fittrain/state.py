@@ -8,6 +8,7 @@ A single process is simply the world-size-1 case, so nothing above this module b
 from __future__ import annotations
 
 import atexit
+import importlib
 import contextlib
 import datetime
 import enum
@@ -196,6 +197,11 @@ class ProcessState:
             backend = chosen or ("nccl" if device.type == "cuda" else "gloo")
             if device.type == "cuda":
                 torch.cuda.set_device(device)
+            # torch._dynamo, first imported once a group exists (DDP's constructor does), keeps
+            # references to the group that destroy_process_group cannot drop: gloo's worker threads
+            # then outlive it into interpreter finalization, the abort fittrain.teardown prevents.
+            # Imported before the group, it holds none. DDP and FSDP import it anyway.
+            importlib.import_module("torch._dynamo")
             dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout or collective_timeout(),
                                     world_size=world_size, rank=rank)
             # The group fittrain made is destroyed before the interpreter finalizes, even if the

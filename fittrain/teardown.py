@@ -11,6 +11,11 @@ done, so torchrun reports the run as failed. Plain torch scripts do the same now
 The cure is to destroy the process group before finalization: its destructor lets the GIL go and
 joins the worker threads. fittrain registers `leave_process_group` with `atexit` when it creates the
 group (atexit handlers run before finalization), and `Accelerator.end_training` does it at once.
+
+The destructor runs only when nothing holds the group any more. torch._dynamo, when it is first
+imported while a group exists (DDP's constructor imports it), keeps references to that group out of
+reach; so `state.ProcessState` imports it before it creates the group. A DDP model that the script
+itself still holds at exit keeps its group alive too; that case remains.
 """
 
 from __future__ import annotations

@@ -9,12 +9,15 @@ stall_kwargs: the same, with the timeout (3 s) from Accelerate's InitProcessGrou
 uneven: each rank passes a dataset of another length, to `prepare` and then (as a list of
     batches) to `Trainer.fit`. Both must fail at once on every rank, naming both lengths, instead
     of hanging in the first collective the shorter rank never reaches; the worker prints each
-    error and exits 8.
+    error and exits 8, and (every mode) which gloo threads are left when the interpreter finalizes.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
+import pathlib
 import sys
 import time
 
@@ -39,6 +42,18 @@ class _Regressor(TrainModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def gloo_threads() -> list[str]:
+    """gloo's native threads still running (Linux: /proc/self/task), or ["unknown"] elsewhere."""
+    tasks = pathlib.Path("/proc/self/task")
+    if not tasks.is_dir():
+        return ["unknown"]
+    names = []
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            names.append((task / "comm").read_text().strip())
+    return sorted(name for name in names if "gloo" in name)
 
 
 def uneven(accelerator: Accelerator) -> int:
@@ -82,4 +97,8 @@ def main(mode: str) -> int:
 
 
 if __name__ == "__main__":
+    # Registered before fittrain's own handler, so it runs after it, as the interpreter starts to
+    # finalize: gloo's threads must be gone by then, or one finishing the last collective can abort
+    # the exit (DDP's constructor imports torch._dynamo, which keeps a group it finds alive).
+    atexit.register(lambda: print(f"at exit: gloo_threads={gloo_threads()}", flush=True))
     sys.exit(main(sys.argv[1]))
