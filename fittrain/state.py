@@ -8,10 +8,10 @@ A single process is simply the world-size-1 case, so nothing above this module b
 from __future__ import annotations
 
 import atexit
-import importlib
 import contextlib
 import datetime
 import enum
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator
