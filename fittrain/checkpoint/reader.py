@@ -4,8 +4,8 @@ Reads use only safetensors, JSON or ``torch.load(weights_only=True)``. A read ta
 memory once and checks its size and CRC32 against the manifest (written last by `folder`) before
 anything parses it; nothing loaded keeps a checkpoint's file open or mapped, so a pruned folder
 frees its disk space at once. (A sharded load holds its shard files open while it runs, `hold`:
-what was verified is then what is read, even if the folder is pruned meanwhile.) JSON is parsed with limits on size and nesting, so a hostile file
-is a damaged one, never a crash.
+what was verified is then what is read, even if the folder is pruned meanwhile.) JSON is parsed
+with limits on size and nesting, so a hostile file is a damaged one, never a crash.
 """
 
 from __future__ import annotations

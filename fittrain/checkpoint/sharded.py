@@ -298,7 +298,8 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
     from .dcp_io import TensorsOnlyLoadPlanner, storage_reader
 
     no_dist = not (collective and dist.is_initialized())
-    held = {name[len(SHARDS_DIR) + 1:]: file for name, file in reader.held.items() if name.startswith(f"{SHARDS_DIR}/")}
+    prefix = f"{SHARDS_DIR}/"
+    held = {name[len(prefix):]: file for name, file in reader.held.items() if name.startswith(prefix)}
     with _first_failure(), _one_process_is_fine(no_dist):
         dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata, held),
                  planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
