@@ -23,9 +23,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm as _tqdm
 
-import importlib.util
-
-from . import collectives
+from . import availability, collectives
+from .availability import *  # noqa: F401,F403 - Accelerate's is_*_available family, listed in __all__
 from .collectives import DistributedOperationException, sync_rng_states
 from .checkpoint.naming import ProjectConfiguration
 from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
@@ -36,13 +35,14 @@ from .partial_state import PartialState
 from .state import DistributedType
 from .trackers.registry import LoggerType
 
-__all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType",
-           "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "ProfileKwargs", "TorchDynamoPlugin",
-           "ProjectConfiguration", "DistributedOperationException", "broadcast", "broadcast_object_list",
-           "find_executable_batch_size", "gather", "gather_object", "is_bf16_available", "is_datasets_available",
-           "is_fp16_available", "is_hpu_available", "is_mlflow_available", "is_tensorboard_available",
-           "is_torch_xla_available", "is_wandb_available", "pad_across_processes", "reduce", "send_to_device",
-           "set_seed", "skip_first_batches", "synchronize_rng_states", "tqdm", "wait_for_everyone"]
+__all__ = [
+    "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType",
+    "ProfileKwargs", "TorchDynamoPlugin", "ProjectConfiguration", "DistributedOperationException", "broadcast",
+    "broadcast_object_list", "find_executable_batch_size", "gather", "gather_object", "pad_across_processes",
+    "reduce", "send_to_device", "set_seed", "skip_first_batches", "synchronize_rng_states", "tqdm",
+    "wait_for_everyone",
+] + availability.__all__
 
 # What an out-of-memory failure says, on each device kind (CPU allocations fail with the last one).
 _OOM_MESSAGES = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
@@ -96,50 +96,6 @@ def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | No
         ValueError: for another name (xla, npu, ...), or "generator" without a generator.
     """
     sync_rng_states(rng_types, PartialState().state, generator)
-
-
-def is_bf16_available(ignore_tpu: bool = False) -> bool:
-    """Whether bf16 works here: on CUDA when the GPU supports it; on the CPU always."""
-    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
-
-
-def is_fp16_available() -> bool:
-    """Whether fp16 works here (with its loss scaler): always, on CUDA and on the CPU."""
-    return True
-
-
-def is_hpu_available(*args: Any, **kwargs: Any) -> bool:
-    """Habana HPUs: fittrain does not run on them."""
-    return False
-
-
-def is_torch_xla_available(*args: Any, **kwargs: Any) -> bool:
-    """TPUs through torch_xla: fittrain does not run on them."""
-    return False
-
-
-def _installed(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
-
-
-def is_datasets_available() -> bool:
-    """Whether Hugging Face `datasets` is installed."""
-    return _installed("datasets")
-
-
-def is_wandb_available() -> bool:
-    """Whether `wandb` is installed (log_with="wandb")."""
-    return _installed("wandb")
-
-
-def is_mlflow_available() -> bool:
-    """Whether `mlflow` (or mlflow-skinny) is installed (log_with="mlflow")."""
-    return _installed("mlflow")
-
-
-def is_tensorboard_available() -> bool:
-    """Whether `tensorboard` is installed (a dependency of fittrain: True)."""
-    return _installed("tensorboard")
 
 
 def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False,
