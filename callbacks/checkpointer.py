@@ -132,12 +132,14 @@ def _check_writable(folder: pathlib.Path) -> None:
 
 
 class Checkpointer(Callback):
-    """Saves checkpoints with `accelerator.save_state()` as `{project_dir}/checkpoints/checkpoint_{i}`.
+    """Saves checkpoints with `accelerator.save_state()` as `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`.
 
-    `i` counts saves. Each folder holds everything a resume needs (model, optimizer, scheduler,
-    scaler, RNG, data position, trainer and callback states); `model.safetensors` loads with
-    safetensors alone. After a resume, numbering continues after the newest existing folder, so
-    nothing is ever overwritten. Every process takes part in a save (it is collective); only the
+    Each fit is a run with its own folder (`trainer.run_name`, which also names its logs), and
+    `i` counts that run's saves from 0. Each folder holds everything a resume needs (model,
+    optimizer, scheduler, scaler, RNG, data position, trainer and callback states);
+    `model.safetensors` loads with safetensors alone. A resumed run saves on into its run's
+    folder, numbering on after its newest folder, so nothing is ever overwritten; `total_limit`
+    and `save_top_k` delete only folders of this run, never another run's. Every process takes part in a save (it is collective); only the
     main process writes shared files. A step is saved at most once, even when both triggers fire.
 
     With `async_save=True` a save copies the state to CPU memory and returns; the files are
@@ -149,7 +151,8 @@ class Checkpointer(Callback):
     save so far. With `save_top_k`, only the k best checkpoints plus the newest are kept (the
     newest, so that `resume_from="latest"` resumes exactly); the others are deleted by the main
     process once the newer save is committed. The ranking travels in checkpoints: a resumed run
-    keeps ranking and deleting. Folders it never ranked (a preemption save) are never deleted.
+    keeps ranking and deleting (a run started from another run's checkpoint ranks only its own
+    saves). Folders it never ranked (a preemption save) are never deleted.
 
     Args:
         every_n_steps: Save after every n-th optimizer step (accumulated batches count once).
@@ -176,7 +179,7 @@ class Checkpointer(Callback):
 
     Example:
         >>> Trainer(callbacks=[Checkpointer(every_n_epochs=1, total_limit=3)]).fit(module, loader)
-        >>> Trainer(resume_from="latest").fit(module, loader)  # continues with the next number
+        >>> Trainer(resume_from="latest").fit(module, loader)  # continues the run, with the next number
         >>> Checkpointer(every_n_steps=500, async_save=True)  # training goes on while it writes
         >>> Checkpointer(every_n_epochs=1, monitor="val_acc", mode="max", save_top_k=3, restore_best=True)
     """
@@ -355,7 +358,13 @@ class Checkpointer(Callback):
                           f"mode={state.get('mode')!r:.20}, not monitor={self.monitor!r}, mode={self.mode!r}. Its "
                           "ranking is left out: this run ranks (and deletes) only its own saves.", stacklevel=2)
             return
-        self._ranking.entries = _decode(state["ranking"])
+        entries = _decode(state["ranking"])
+        if self._config is not None:
+            # A new run started from another run's checkpoint: those names are another folder's, and
+            # this run's own saves will reuse them. Only folders of this run are ranked (and deleted).
+            folder = self._config.checkpoints_dir
+            entries = [(score, name) for score, name in entries if (folder / name).is_dir()]
+        self._ranking.entries = entries
 
     def __repr__(self) -> str:
         best = "" if self.monitor is None else (f", monitor={self.monitor!r}, mode={self.mode!r}, "

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from fittrain.events import Callback, short_repr
 from fittrain.trackers.base import NoOpTracker, RunInfo
 from fittrain.trackers.registry import check_kwargs, open_trackers, resolve_trackers
-from fittrain.trackers.runs import check_run_name, new_run_name, trainer_hparams
+from fittrain.trackers.runs import check_run_name, trainer_hparams
 from fittrain.trackers.tensorboard import TensorBoardTracker
 from fittrain.trainer_parts import length_of
 
@@ -42,9 +42,10 @@ class Logger(Callback):
 
     Each run writes into its own folder, `{log_dir}/{run name}` (TensorBoard then shows one curve
     per run), through the trackers of `log_with` (`fittrain.trackers`: "tensorboard", "csv",
-    "jsonl", "wandb", "mlflow", or tracker instances). The run name is saved in checkpoints, so a
-    resumed run continues its run's folder; what the interrupted run wrote after its checkpoint
-    is replaced by what the resumed run writes again (TensorBoard's purge step). A new run first
+    "jsonl", "wandb", "mlflow", or tracker instances). The run name is the Trainer's
+    (`trainer.run_name`), which also names the run's checkpoint folder, so a resumed run continues
+    its run's folder; what the interrupted run wrote after its checkpoint is replaced by what the
+    resumed run writes again (TensorBoard's purge step). A new run first
     records its hyperparameters: the Trainer's arguments, the module's `hparams` dict if it has
     one, and `hparams`.
 
@@ -70,9 +71,10 @@ class Logger(Callback):
             `log_with`, True adds it, None (the default) leaves `log_with` as given.
         progress_bar: Show tqdm bars (loss, lr, it/s; a transient one during validation).
         log_with: The trackers: "all", a name, a `LoggerType`, a tracker instance, or a list.
-        run_name: This run's name (letters, digits, '.', '_', '-'). Default: the start time,
-            `run_2026-12-01_06-30-05` (with `_2`, ... if taken). A new run reusing a name
-            replaces that run's points.
+        run_name: This run's name (letters, digits, '.', '_', '-'), as `Trainer(run_name=...)`: it
+            names the run's log folder and its checkpoint folder. Default: the resumed run's, else
+            the start time, `run_2026-12-01_06-30-05` (with `_2`, ... if taken). A fresh run
+            reusing the name of a run without checkpoints replaces that run's points.
         hparams: More hyperparameters to record (they win over the Trainer's of the same name).
         project_name: The project for wandb and the experiment for mlflow. Default: the name of
             the project folder.
@@ -120,7 +122,6 @@ class Logger(Callback):
         self._writers: list[Any] = []  # their log_scalars, called at every logging point
         self._run: RunInfo | None = None
         self._trainer: Any = None
-        self._restored_run: str | None = None  # the run name a resumed checkpoint holds
         self._bar = tqdm(disable=True)
         self._val_bar = tqdm(disable=True)
         self._postfix: dict[str, str] = {}
@@ -140,12 +141,12 @@ class Logger(Callback):
         self._active = is_main and (bool(self.log_with) or self.progress_bar)
         self._show_bar = is_main and self.progress_bar
         self._trainer = trainer  # for state_dict, which a checkpoint calls without it
-        self._run, self._restored_run, self._restored_points = None, None, (-1, {})
+        self._run, self._restored_points = None, (-1, {})
         self._postfix, self._written, self._replay = {}, {}, None
 
     def state_dict(self) -> dict[str, Any]:
-        """The run's name, so that a resumed run continues the same run's folder, and the points
-        written at the checkpoint's step.
+        """The points written at the checkpoint's step, and the run's name (for the record: a resumed
+        run's name comes from its checkpoint's run folder).
 
         The training point of the checkpoint's step is written first if it was not yet: a resume
         that replays this step (its epoch-end validation) then rewrites exactly what was there.
@@ -159,9 +160,7 @@ class Logger(Callback):
         return {"run_name": self._run.name, "step": at, "points": dict(points)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Remembers the resumed run's name (unless `run_name` was given) and its last points."""
-        name = state.get("run_name")
-        self._restored_run = name if isinstance(name, str) else None
+        """Remembers the resumed run's last points (the Trainer names the run)."""
         self._restored_points = (int(state.get("step", -1)), dict(state.get("points", {})))
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
@@ -238,7 +237,7 @@ class Logger(Callback):
         """Names the run, opens its trackers and, for a new run, records its hyperparameters."""
         acc = trainer.accelerator
         logs_dir = self.log_dir or acc.logging_dir or os.path.join(trainer.project_dir, "logs")
-        name = self.run_name or self._restored_run or new_run_name(logs_dir)
+        name = trainer.run_name  # decided by the Trainer at the start of fit: its checkpoints' folder too
         # A fit that starts past step 0 was resumed: its points after the checkpoint are replayed, and
         # replace the interrupted run's. A new run reusing a folder's name starts that run over.
         step = trainer.state.global_step

@@ -21,8 +21,8 @@ from . import evaluation
 from .accelerator import Accelerator
 from .data import check_batches
 from .callback_states import CallbackStates
-from .checkpoint.latest import latest_checkpoint, load_newest
-from .checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration
+from .checkpoint.latest import load_newest
+from .checkpoint.naming import ProjectConfiguration
 from .compile import check_compile, use_compile
 from .events import Callback, EventDispatcher, check_callbacks
 from .manual import ManualOptimization
@@ -31,9 +31,11 @@ from .module import TrainModule
 from .parallel import check_strategy
 from .preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
 from .schedules import Schedule, make_schedule, parse_optimizers
+from .trackers.runs import check_run_name
 from .trainer_parts import (LazyMetrics, ValidationAverager, check_accelerator, check_count, check_loader,
                             check_one_checkpointer, check_path, check_validation_interval, empty_epoch_error,
                             explain_backward_error, extract_loss, length_of, make_step_runner, warn_once)
+from .trainer_runs import RunPlan, start_run
 
 
 @dataclasses.dataclass
@@ -101,9 +103,12 @@ class Trainer:
         max_epochs: Stop after this many epochs. With neither limit, one epoch runs.
         max_steps: Stop after this many optimizer steps (epochs are unlimited if only this is set).
         gradient_accumulation_steps: Batches per optimizer step.
-        project_dir: Root for checkpoints (`checkpoints/`) and logs (`logs/`).
-        resume_from: A checkpoint folder, or "latest" for the newest intact one under
-            `{project_dir}/checkpoints`.
+        project_dir: Root for checkpoints and logs: each fit is a run, saving into
+            `checkpoints/{run_name}/checkpoint_{i}` and logging into `logs/{run_name}/`.
+        resume_from: A checkpoint folder; a run folder (`checkpoints/{run_name}`: its newest intact
+            checkpoint); or "latest": the newest intact checkpoint of the most recently started run
+            that holds one (of `run_name`'s run, when a name is given). The resumed run goes on in
+            its own folder, numbering on; a checkpoint from elsewhere starts a new run from its state.
         val_every_n_epochs: Validate at the end of every n-th epoch (when a val_loader is given).
             None means 1, unless `val_every_n_steps` is given.
         strategy: "auto", "ddp" or "fsdp".
@@ -117,6 +122,10 @@ class Trainer:
             of its keyword options (backend, mode, fullgraph, dynamic, options, disable). Parameter
             names and checkpoints stay those of the plain module. Applies to a given `accelerator`
             too; an accelerator built with `dynamo_backend` compiles even with compile=False.
+        run_name: The run's name (letters, digits, '.', '_', '-'), like a Logger's `run_name`, which
+            names the run too. Default: the resumed checkpoint's run, else a new name free under
+            `checkpoints/` and `logs/`, `run_2026-12-01_06-30-05`. A fresh fit never writes into
+            a run folder that holds checkpoints: naming one is a ValueError.
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -128,7 +137,8 @@ class Trainer:
                  project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
                  val_every_n_epochs: int | None = None, strategy: str = "auto",
                  accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
-                 val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False) -> None:
+                 val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False,
+                 run_name: str | None = None) -> None:
         self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
         self.max_steps = check_count("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
@@ -139,6 +149,9 @@ class Trainer:
         check_path("project_dir", project_dir)
         check_accelerator(accelerator)
         compile_options = check_compile(compile)
+        self._given_run_name = check_run_name(run_name, "Trainer")
+        # The run's name, decided at each fit (fittrain/trainer_runs.py): its checkpoints' and logs' folder.
+        self.run_name: str | None = self._given_run_name
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.events = EventDispatcher(check_callbacks(callbacks))
@@ -187,8 +200,10 @@ class Trainer:
             TypeError: when `module` is not a TrainModule, or a loader is a one-shot iterator.
             ValueError: when `train_loader` is empty, or yields no batch in an epoch (a stream).
             FileNotFoundError: when `resume_from` names a missing folder (before any training).
+            ValueError: when the run's name (given) names a run folder holding checkpoints, in a
+                fresh fit: a fresh fit never writes into another run's folder.
         """
-        resume = self._resolve_resume()
+        resume = self._start_run()
         self._check_inputs(module, train_loader, val_loader)
         self.module, self.state = module, TrainState()
         module.attach(self)
@@ -357,7 +372,7 @@ class Trainer:
             self.state.raw_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
 
     # ----------------------------------------------------------------- setup and resume
-    def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: pathlib.Path | None) -> None:
+    def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: RunPlan) -> None:
         acc = self.accelerator
         self._prepare_optimization(module, val_loader is not None)
         self.train_loader = acc.prepare_data_loader(train_loader)
@@ -367,14 +382,16 @@ class Trainer:
         self.val_loader = evaluation.prepare_loader(self, val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
-        if resume is None:
+        if resume.checkpoint is None:
             return
-        if str(self.resume_from) == "latest":
-            # The newest checkpoint that loads: one whose files are refused only when parsed (a
-            # planted pickle, garbled contents) is passed over like one that fails its checksums.
-            loaded = load_newest(resume.parent, lambda msg: warn_once(self, msg), acc.load_state)
+        if resume.newest:
+            # The newest checkpoint of the run that loads: one whose files are refused only when parsed
+            # (a planted pickle, garbled contents) is passed over like one that fails its checksums.
+            loaded = load_newest(resume.checkpoint.parent, lambda msg: warn_once(self, msg), acc.load_state)
         else:
-            loaded = acc.load_state(resume)
+            loaded = acc.load_state(resume.checkpoint)
+        if not resume.continues:  # a checkpoint from elsewhere: this new run numbers its own saves from 0
+            acc.project_configuration.iteration = 0
         # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
         self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
         # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
@@ -398,20 +415,12 @@ class Trainer:
         self.scheduler, self._manual, self._train_step = self.lr_schedule.scheduler, None, self._automatic_step
         self.optimizers, self.schedulers = [self.optimizer], [self.scheduler] if self.scheduler else []
 
-    def _resolve_resume(self) -> pathlib.Path | None:
-        if self.resume_from is None:
-            return None
-        if str(self.resume_from) == "latest":
-            # Where Checkpointer and preemption save: the Accelerator's project_dir, else ours.
-            project = self.accelerator.project_configuration.project_dir or self.project_dir
-            root = pathlib.Path(project) / CHECKPOINTS_DIR
-            return latest_checkpoint(root, lambda msg: warn_once(self, msg))
-        for candidate in (pathlib.Path(self.resume_from), pathlib.Path(self.project_dir) / self.resume_from):
-            if candidate.is_dir():
-                return candidate
-        raise FileNotFoundError(
-            f"`resume_from` names a checkpoint folder that does not exist. Received: resume_from="
-            f"{os.fspath(self.resume_from)!r}. Pass an existing folder such as 'checkpoints/checkpoint_3', or 'latest'.")
+    def _start_run(self) -> RunPlan:
+        """Names this fit's run, finds the checkpoint it resumes from, and points the Accelerator's
+        automatic checkpoint naming at the run's folder (fittrain/trainer_runs.py)."""
+        plan = start_run(self, self._given_run_name, lambda msg: warn_once(self, msg))
+        self.run_name = plan.name
+        return plan
 
     @staticmethod
     def _check_inputs(module: Any, train_loader: Any, val_loader: Any) -> None:

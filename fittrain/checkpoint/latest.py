@@ -4,6 +4,8 @@
 warns about each damaged folder it passes over; `load_newest` also passes over one whose files are
 refused only when they are parsed. A folder pruned meanwhile by a run still saving is passed over
 silently; a `CheckpointMismatchError` is never passed over (an older folder would not fit either).
+`latest_run_checkpoint` picks the run first: the Trainer's "latest" is the newest intact checkpoint
+of the most recently started run that holds one (`run_folders`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .checks import check_meta_fields
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
 from .naming import PREFIX, list_checkpoints
 from .reader import CheckpointReader
+from .run_folders import run_folders
 from .snapshot import META_NAME
 
 # How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
@@ -53,6 +56,30 @@ def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
         if not vanished and listing >= _EMPTY_LISTINGS - 1:
             break
     raise FileNotFoundError(f"No complete checkpoint found under {root}. Save one with save_state() first.")
+
+
+def latest_run_checkpoint(root: pathlib.Path, warn: Callable[[str], None]) -> pathlib.Path:
+    """The newest intact checkpoint of the latest started run under `root` that holds one.
+
+    Runs are taken in the order they started (their run.json), never by folder times or names;
+    within a run, `latest_checkpoint` passes over damaged folders as for one folder of checkpoints.
+
+    Args:
+        root: `{project_dir}/checkpoints`, which holds one folder per run.
+        warn: Called with the warning for each damaged folder passed over.
+
+    Raises:
+        FileNotFoundError: when no run under `root` holds an intact checkpoint.
+    """
+    for run in run_folders(root):
+        try:
+            return latest_checkpoint(run, warn)
+        except FileNotFoundError:
+            continue  # a run that saved nothing intact yet: the run started before it
+    flat = list_checkpoints(root, PREFIX)
+    hint = (f" It holds {flat[-1].name} and others in the flat layout of a plain Accelerator: pass one as "
+            f"resume_from=...." if flat else " Save one with a Checkpointer first.")
+    raise FileNotFoundError(f"No run folder under {root} holds a complete checkpoint.{hint}")
 
 
 def load_newest(root: pathlib.Path, warn: Callable[[str], None], load: Callable[[pathlib.Path], Any]) -> Any:

@@ -1,6 +1,8 @@
 """Automatic checkpoint names: `ProjectConfiguration`, numbering, reservation and pruning.
 
-With automatic naming, `save_state()` writes `{project_dir}/checkpoints/checkpoint_{i}`. The main
+With automatic naming, `save_state()` writes `{project_dir}/checkpoints/checkpoint_{i}` (the
+Trainer points it at its run's folder, `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`,
+with `use_run`: numbering, pruning and "latest" then stay inside that folder). The main
 process reserves the number (`reserve_target`, through `temp_folders.reserve_numbered`), so
 writers sharing a project never pick the same one; `ProjectConfiguration.prune` deletes the oldest
 folders beyond `total_limit`, hiding each under a temporary name first (`delete_checkpoints` does
@@ -17,10 +19,11 @@ import re
 import shutil
 from typing import Any, Callable, Iterable
 
+from ..events import short_repr
 from .errors import CheckpointError
+from .run_folders import CHECKPOINTS_DIR, record_run_start
 from .temp_folders import TempFolder, raise_if_no_space, reserve_numbered
 
-CHECKPOINTS_DIR = "checkpoints"
 PREFIX = "checkpoint_"
 
 
@@ -39,6 +42,11 @@ class ProjectConfiguration:
         total_limit: Keep at most this many automatic checkpoints (oldest are deleted).
         iteration: Number of the next automatic checkpoint.
         save_on_each_node: Accepted for Accelerate compatibility; fittrain writes shared files once.
+
+    Attributes:
+        run_name: Set by the Trainer (`use_run`), never by users: the run folder under
+            `checkpoints/` that automatic names go into. None (a plain Accelerator) keeps
+            Accelerate's flat layout.
     """
 
     project_dir: str | None = None
@@ -47,11 +55,18 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    run_name: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    # Whether this run's start was recorded in its folder (`run_folders`), once per fit.
+    _run_recorded: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+        limit = self.total_limit
+        # A bool is an int to Python, but total_limit=True is a flag given where a count belongs.
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(
-                f"`total_limit` must be a positive int or None. Received: total_limit={self.total_limit!r}."
+                "`ProjectConfiguration(total_limit=...)` must be a positive int (the number of automatic "
+                f"checkpoints to keep) or None. Received: total_limit={short_repr(limit)}. Pass e.g. "
+                "total_limit=3 to keep the newest three, or None to keep all."
             )
         if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
             # A negative number names a folder (`checkpoint_-3`) that "latest" never finds.
@@ -69,9 +84,20 @@ class ProjectConfiguration:
             self.logging_dir = os.path.join(self.project_dir, "logs")
 
     @property
-    def checkpoints_dir(self) -> pathlib.Path:
-        """The folder that holds automatically named checkpoints."""
+    def checkpoints_root(self) -> pathlib.Path:
+        """`{project_dir}/checkpoints`: the flat layout's folder, and the one holding run folders."""
         return pathlib.Path(self.project_dir or ".") / CHECKPOINTS_DIR
+
+    @property
+    def checkpoints_dir(self) -> pathlib.Path:
+        """The folder that holds automatically named checkpoints: the run's folder when one is set."""
+        root = self.checkpoints_root
+        return root / self.run_name if self.run_name is not None else root
+
+    def use_run(self, run_name: str) -> None:
+        """Points automatic naming at `checkpoints/{run_name}`, numbering from 0 there (the Trainer
+        calls it at each fit; a resumed checkpoint's number then moves `iteration` on)."""
+        self.run_name, self.iteration, self._run_recorded = run_name, 0, False
 
     def next_checkpoint_dir(self) -> pathlib.Path:
         """The folder for the next automatic save; never one that already exists."""
@@ -91,6 +117,10 @@ class ProjectConfiguration:
             or `release()` it.
         """
         self.next_checkpoint_dir()  # moves `iteration` past the existing folders
+        if self.run_name is not None and not self._run_recorded:
+            # Recorded at the run's first save of a fit, so "latest" knows which run started last.
+            record_run_start(self.checkpoints_dir)
+            self._run_recorded = True
         reserved = reserve_numbered(self.checkpoints_dir, PREFIX, self.iteration)
         self.iteration = reserved.number + 1
         return reserved
