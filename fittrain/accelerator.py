@@ -36,7 +36,7 @@ from .checkpoint_methods import CheckpointMethods, resolve_state_dict_type
 from .compile import compile_settings, compile_forward, compile_targets, remove_compiled_forward, uncompiled
 from .data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
 from .compat_methods import CompatMethods
-from .configuration import AutocastKwargs, InitProcessGroupKwargs, resolve_options
+from .configuration import AutocastKwargs, InitProcessGroupKwargs, check_fsdp_classes, resolve_options
 from .data.seedable import with_seedable_sampler
 from .launch_config import dynamo_default, launch_defaults
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
@@ -139,7 +139,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         self._synced_rng = options.synced_rng
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.fsdp_classes = tuple(fsdp_classes) if fsdp_classes else None
+        self.fsdp_classes = check_fsdp_classes(fsdp_classes)
         # torch.compile's keyword options for models prepared from now on; None: no compile.
         backend = dynamo_default(dynamo_backend) if dynamo_plugin is None else dynamo_backend
         self.compile_options: dict[str, Any] | None = compile_settings(backend, dynamo_plugin)

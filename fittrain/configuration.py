@@ -18,6 +18,8 @@ import datetime
 import enum
 from typing import Any, Iterable
 
+from .events import short_repr
+
 
 def _check(owner: str, name: str, value: Any, kind: type | tuple[type, ...], hint: str = "") -> None:
     if isinstance(value, bool) and kind in (int, float, (int, float)):
@@ -395,3 +397,22 @@ def _check_rng_types(rng_types: Any) -> tuple[str, ...]:
                          "0's random state), 'torch' and 'cuda' (process 0's global generators are copied to every "
                          "process at the start of each pass), or None.")
     return tuple(n for n in names if n != "generator")
+
+
+def check_fsdp_classes(classes: Any) -> tuple[type, ...] | None:
+    """`Accelerator(fsdp_classes=...)` as a tuple of nn.Module subclasses (None or empty: None)."""
+    import torch.nn  # here, so that importing the configuration objects stays light
+
+    def is_module_class(item: Any) -> bool:
+        return isinstance(item, type) and issubclass(item, torch.nn.Module)
+
+    if is_module_class(classes):
+        return (classes,)  # one class, given without a list
+    if classes is None:
+        return None
+    if isinstance(classes, (list, tuple, set, frozenset)) and all(map(is_module_class, classes)):
+        return tuple(classes) or None
+    raise TypeError(f"`fsdp_classes` must be nn.Module subclasses (a list of classes, or one class), the blocks "
+                    f"FSDP2 shards one by one. Received: fsdp_classes={short_repr(classes)}. Pass the classes "
+                    "themselves, not instances or names: fsdp_classes=[MyBlock], or None to shard every module "
+                    "that holds parameters.")

@@ -7,6 +7,7 @@ the others hold `NoOpTracker`s, so the same calls run everywhere and cost nothin
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from .checkpoint.naming import ProjectConfiguration
@@ -81,7 +82,11 @@ class TrackingMethods:
             values: Metric names to numbers (strings and nested dicts where a tracker takes them).
             step: The step to log at; None lets each tracker count (its last step plus one).
             log_kwargs: Keyword arguments per tracker name, e.g. `{"wandb": {"commit": False}}`.
+
+        Raises:
+            ValueError: for a `step` that is not an int >= 0 (checked on every process alike).
         """
+        step = _check_step(step)
         kwargs = check_kwargs(log_kwargs, self._trackers, "log_kwargs") if log_kwargs else {}
         for tracker in self._trackers:
             tracker.log(values, step=step, **kwargs.get(tracker.name, {}))
@@ -110,3 +115,12 @@ class TrackingMethods:
         for tracker in trackers:
             if not isinstance(tracker, NoOpTracker):
                 tracker.finish()
+
+
+def _check_step(step: Any) -> int | None:
+    """`log(step=...)` as an int (numpy's integers too), or None; a step is a count, never negative."""
+    if step is None or isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0:
+        return None if step is None else int(step)
+    raise ValueError(f"`log(step=...)` must be an int >= 0 or None. Received: step={short_repr(step)} "
+                     f"({type(step).__name__}). Pass the step count, e.g. accelerator.log(values, step=completed_steps), "
+                     "or leave step out so each tracker counts on from its last step.")

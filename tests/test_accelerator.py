@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import weakref
 
 import pytest
@@ -264,3 +265,18 @@ def test_a_project_argument_of_the_wrong_type_is_named_at_construction(kwargs: d
         Accelerator(**kwargs)
     assert named in str(raised.value)
     assert "ProjectConfiguration" in str(raised.value) or "os.PathLike" in str(raised.value)
+
+
+@pytest.mark.parametrize("classes, shown", [(5, "fsdp_classes=5"), ("Linear", "fsdp_classes='Linear'"),
+                                            ([torch.nn.Linear, 5], "fsdp_classes=[<class"),
+                                            ([torch.nn.Linear(2, 2)], "fsdp_classes=[Linear(")])
+def test_fsdp_classes_are_checked_when_the_accelerator_is_built(classes, shown):
+    with pytest.raises(TypeError, match=r"`fsdp_classes` must be nn\.Module subclasses.*Received: " + re.escape(shown)
+                       + r".*fsdp_classes=\[MyBlock\]"):
+        Accelerator(cpu=True, fsdp_classes=classes)
+
+
+def test_fsdp_classes_take_a_list_or_one_class():
+    assert Accelerator(cpu=True, fsdp_classes=[torch.nn.Linear]).fsdp_classes == (torch.nn.Linear,)
+    assert Accelerator(cpu=True, fsdp_classes=torch.nn.Linear).fsdp_classes == (torch.nn.Linear,)
+    assert Accelerator(cpu=True, fsdp_classes=None).fsdp_classes is None

@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -150,4 +152,15 @@ def test_unloggable_values_name_the_metric(tmp_path):
     acc.init_trackers("exp")
     with pytest.raises(TypeError, match=r"cannot record 'weights': its value is a list"):
         acc.log({"weights": [1, 2]}, step=1)
+    acc.end_training()
+
+
+@pytest.mark.parametrize("step, shown", [("x", "step='x'"), (-1, "step=-1"), (1.5, "step=1.5"), (True, "step=True")])
+def test_log_refuses_a_step_that_is_not_a_count(tmp_path, step, shown):
+    acc = Accelerator(cpu=True, project_dir=tmp_path, log_with="csv")
+    acc.init_trackers("exp")
+    with pytest.raises(ValueError, match=r"`log\(step=\.\.\.\)` must be an int >= 0 or None.*Received: "
+                       + re.escape(shown)):
+        acc.log({"x": 1.0}, step=step)
+    acc.log({"x": 1.0}, step=np.int64(3))  # numpy's integers are counts too
     acc.end_training()
