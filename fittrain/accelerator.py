@@ -66,7 +66,9 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         device_placement: Move prepared models and batches to `device`.
         split_batches: Split each loader batch across processes instead of giving each whole batches.
         even_batches: Pad the last round of batches so all processes take the same number of steps.
-        project_dir: Root for checkpoints and logs (shortcut for `project_config.project_dir`).
+        project_dir: Root for checkpoints and logs (shortcut for `project_config.project_dir`); unless
+            the configuration names a `logging_dir`, it is the logging folder too, as in Accelerate:
+            `init_trackers(name)` writes `{project_dir}/{name}`.
         project_config: A `ProjectConfiguration` for checkpoint naming and limits.
         step_scheduler_with_optimizer: Step prepared schedulers only when the optimizer really steps.
         strategy: "auto" or "ddp" (DistributedDataParallel when >1 process) or "fsdp" (FSDP2).
@@ -76,8 +78,9 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             upper-case names too) to compile prepared models with; None or "no": no compile. The
             forward is compiled in place, so parameter names and checkpoints stay those of the plain
             model (`fittrain.compile`). For other torch.compile options set `compile_options`.
-        log_with: Experiment trackers for `init_trackers`/`log`: "all", a name ("tensorboard", "csv",
-            "jsonl", "wandb", "mlflow"), a `LoggerType`, a tracker instance, or a list (`fittrain.trackers`).
+        log_with: Experiment trackers for `init_trackers`/`log`: "all" (Accelerate's: tensorboard, wandb
+            and mlflow, those installed), a name ("tensorboard", "csv", "jsonl", "wandb", "mlflow"), a
+            `LoggerType`, a tracker instance, or a list (`fittrain.trackers`). Only those are written.
         dataloader_config: Accelerate's `DataLoaderConfiguration` (split_batches, even_batches,
             use_seedable_sampler, data_seed, non_blocking); see `fittrain.configuration`.
         gradient_accumulation_plugin: Accelerate's `GradientAccumulationPlugin` (num_steps,
@@ -120,6 +123,10 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                             f"{project_dir!r:.100} (type {type(project_dir).__name__}).")
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
+            if self.project_configuration.logging_dir is None:
+                # Accelerate's layout: trackers write {project_dir}/{project_name} (the Trainer's
+                # Logger keeps its own {project_dir}/logs through its ProjectConfiguration).
+                self.project_configuration.logging_dir = os.fspath(project_dir)
             self.project_configuration.set_directories(project_dir)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,

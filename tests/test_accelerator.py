@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Accelerator, DistributedType
+from fittrain import Accelerator, DistributedType, ProjectConfiguration
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -69,7 +69,9 @@ def test_device_prefers_cuda_then_mps_then_cpu():
 def test_project_dir_sets_the_logging_dir(tmp_path):
     accelerator = Accelerator(cpu=True, project_dir=tmp_path)
     assert accelerator.project_dir == str(tmp_path)
-    assert accelerator.logging_dir == os.path.join(str(tmp_path), "logs")
+    assert accelerator.logging_dir == str(tmp_path)  # Accelerate's: the project folder itself
+    given = ProjectConfiguration(logging_dir=str(tmp_path / "tb"))
+    assert Accelerator(cpu=True, project_dir=tmp_path, project_config=given).logging_dir == str(tmp_path / "tb")
     assert list(tmp_path.iterdir()) == []  # nothing is created until something is written
 
 

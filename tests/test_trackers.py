@@ -52,7 +52,7 @@ def test_init_trackers_log_and_end_training_write_every_format(tmp_path):
         acc.log({"loss": 1.0 / step, "acc": torch.tensor(0.5 * step)}, step=step, log_kwargs={"list": {"tag": "x"}})
     acc.log({"comment": "hello"}, step=3)
     acc.end_training()
-    run = tmp_path / "logs" / "exp1"
+    run = tmp_path / "exp1"
     events = EventAccumulator(str(run))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 0.5)]
@@ -86,15 +86,38 @@ def test_get_tracker_returns_the_tracker_or_its_underlying_object(tmp_path):
     with pytest.raises(ValueError, match=r"get_tracker\('nope'\): no open tracker has that name"):
         acc.get_tracker("nope")
     acc.end_training()
-    events = EventAccumulator(str(tmp_path / "logs" / "exp"))
+    events = EventAccumulator(str(tmp_path / "exp"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("extra")] == [(7, 3.0)]
 
 
-def test_all_means_the_built_ins_whose_package_is_installed():
+def test_all_means_accelerates_trackers_whose_package_is_installed():
+    # Accelerate's "all" has no csv or jsonl (it has no such trackers): they are opened only when named.
+    installed = [n for n in ("wandb", "mlflow") if importlib.util.find_spec(n)]
+    assert [spec.name for spec in resolve_trackers("all")] == ["tensorboard", *installed]
     names = [spec.name for spec in resolve_trackers(["csv", "all", LoggerType.CSV])]
-    expected = ["csv", "tensorboard", "jsonl"] + [n for n in ("wandb", "mlflow") if importlib.util.find_spec(n)]
-    assert sorted(names) == sorted(expected) and names[0] == "csv"  # in order, without duplicates
+    assert names == ["csv", "tensorboard", *installed]  # in order, without duplicates
+
+
+def test_trackers_write_where_accelerate_writes(tmp_path):
+    """`Accelerator(project_dir=P)`: logging_dir is P, and init_trackers(name) writes P/name, with
+    only the trackers named in log_with (no csv or jsonl beside TensorBoard's events)."""
+    acc = Accelerator(cpu=True, project_dir=tmp_path, log_with="tensorboard")
+    acc.init_trackers("exp", config={"lr": 0.1})
+    acc.log({"loss": 0.5}, step=1)
+    acc.end_training()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
+    files = [p.name for p in (tmp_path / "exp").iterdir()]
+    assert files and all(name.startswith("events.out.tfevents.") for name in files)
+    events = EventAccumulator(str(tmp_path / "exp"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5)]
+
+    elsewhere = tmp_path / "tb"  # an explicit logging_dir wins, as in Accelerate
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_config=ProjectConfiguration(logging_dir=str(elsewhere)))
+    acc.init_trackers("exp2")
+    acc.end_training()
+    assert (elsewhere / "exp2").is_dir()
 
 
 def test_steps_default_to_the_next_one(tmp_path):
@@ -103,7 +126,7 @@ def test_steps_default_to_the_next_one(tmp_path):
     for value in (1.0, 2.0, 3.0):
         acc.log({"x": value})
     acc.end_training()
-    with open(tmp_path / "logs" / "exp" / "metrics.csv", newline="") as f:
+    with open(tmp_path / "exp" / "metrics.csv", newline="") as f:
         assert [r["step"] for r in csv.DictReader(f)] == ["0", "1", "2"]
 
 
@@ -115,7 +138,7 @@ def test_other_processes_get_no_op_trackers(tmp_path, monkeypatch):
     assert all(isinstance(t, NoOpTracker) for t in acc.trackers)
     acc.get_tracker("tensorboard", unwrap=True).add_histogram("w", torch.zeros(3), 1)  # absorbed
     acc.end_training()
-    assert not (tmp_path / "logs").exists()
+    assert not (tmp_path / "exp").exists()
 
 
 @pytest.mark.parametrize("log_with, error, match", [

@@ -34,6 +34,9 @@ BUILT_IN: dict[str, type[GeneralTracker]] = {
 }
 #: The Python module each built-in needs to run; "all" takes the built-ins whose module is installed.
 _NEEDS = {"tensorboard": "tensorboard", **{name: module for name, (module, _) in PACKAGES.items()}}
+#: What "all" may open: Accelerate's integrations that fittrain has. Accelerate has no csv or jsonl
+#: tracker, so a script moved from it with log_with="all" gets no files it did not ask for.
+_ALL = ("tensorboard", "wandb", "mlflow")
 
 #: A resolved `log_with` entry: a built-in's class (opened by `init_trackers`) or a ready tracker.
 TrackerSpec = Any
@@ -58,7 +61,8 @@ def resolve_trackers(log_with: Any, argument: str = "log_with") -> list[TrackerS
     """`log_with` as a list of built-in tracker classes and tracker instances, without duplicates.
 
     Accepts None, "all", a built-in's name, a `LoggerType`, a tracker instance, or a list of these.
-    "all" means every built-in whose package is installed.
+    "all" means Accelerate's trackers (tensorboard, wandb, mlflow) whose package is installed;
+    fittrain's own csv and jsonl are opened only when named.
 
     Raises:
         ValueError: for an unknown name, naming the accepted ones.
@@ -85,7 +89,7 @@ def _resolve_one(item: Any, argument: str) -> list[TrackerSpec]:
                         "an instance of a fittrain.trackers.GeneralTracker subclass.")
     name = str(item).lower()
     if name == LoggerType.ALL.value:
-        return [cls for key, cls in BUILT_IN.items() if is_available(key)]
+        return [BUILT_IN[key] for key in _ALL if is_available(key)]
     if name not in BUILT_IN:
         accepted = ", ".join(repr(t.value) for t in LoggerType)
         raise ValueError(f"`{argument}` names an unknown tracker. Received: {item!r}. Accepted: {accepted}, a "
@@ -137,5 +141,5 @@ def missing_logging_dir(specs: Sequence[TrackerSpec], method: str) -> ValueError
     if not needing:
         return None
     return ValueError(f"{method} needs a logging folder for {', '.join(needing)}, and this Accelerator has none. "
-                      "Pass Accelerator(project_dir='runs/my-run') (logs go to runs/my-run/logs), or "
-                      "project_config=ProjectConfiguration(project_dir=..., logging_dir=...).")
+                      "Pass Accelerator(project_dir='runs/my-run') (init_trackers('exp') then writes runs/my-run/exp), "
+                      "or project_config=ProjectConfiguration(project_dir=..., logging_dir=...).")
