@@ -27,10 +27,13 @@ from .disk_full import disk_full_category, disk_full_scenarios
 from .hostile import hostile_scenarios
 from .job import job_main
 from .kills import kill_category, sigterm_category
+from .sharded import ROLE as SHARDED_ROLE, sharded_files_category, sharded_main
+from .sharded_kills import JOB_ROLE as SHARDED_JOB_ROLE, sharded_job_main, sharded_kill_category
 from .worker import Plan, worker_category, worker_main
 from .writers import writer_main, writers_category
 
-CATEGORIES = ("kill-sync", "kill-async", "disk-full", "damaged", "hostile", "two-writers", "sigterm-rank")
+CATEGORIES = ("kill-sync", "kill-async", "disk-full", "damaged", "hostile", "two-writers", "sigterm-rank",
+              "sharded-kill", "sharded-files")
 #: Problems printed per failed scenario; the rest are counted.
 SHOWN_PROBLEMS = 4
 Result = list[Outcome] | str  # a string: why the category was skipped
@@ -43,12 +46,15 @@ RUNNERS: dict[str, Callable[[Context], Result]] = {
     "hostile": lambda ctx: worker_category(ctx, "hostile"),
     "two-writers": writers_category,
     "sigterm-rank": sigterm_category,
+    "sharded-kill": sharded_kill_category,
+    "sharded-files": sharded_files_category,
 }
 #: The categories whose scenarios run inside a worker process.
 WORKER_PLANS: dict[str, Plan] = {
     "damaged": damaged_scenarios, "hostile": hostile_scenarios, "disk-full": disk_full_scenarios}
 ROLES: dict[str, Callable[[list[str]], None]] = {
-    "_job": job_main, "_worker": functools.partial(worker_main, plans=WORKER_PLANS), "_writer": writer_main}
+    "_job": job_main, "_worker": functools.partial(worker_main, plans=WORKER_PLANS), "_writer": writer_main,
+    SHARDED_ROLE: sharded_main, SHARDED_JOB_ROLE: sharded_job_main}
 
 
 def report(category: str, result: Result, seconds: float) -> str:

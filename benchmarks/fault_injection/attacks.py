@@ -16,11 +16,14 @@ from typing import Any, Callable
 
 import torch
 
-from fittrain.checkpoint import CheckpointError, is_intact
+from fittrain.checkpoint import CheckpointError, CheckpointMismatchError, is_intact
 
 from .checks import OTHER_SEED, differing, short
 from .rig import Rig
+from .sharded_rig import ShardedRig
 
+#: The longest error message that is still read: a longer one echoes what a hostile file holds.
+MESSAGE_LIMIT = 2000
 #: Attacks `folder`; may plant code that writes the `marker` file; returns the file an error must name.
 Attack = Callable[[pathlib.Path, pathlib.Path], str]
 
@@ -30,13 +33,17 @@ def expect_checkpoint_error(call: Callable[[], Any], culprit: str, what: str) ->
     try:
         call()
     except CheckpointError as err:
-        return [] if culprit in str(err) else [f"{what} raised CheckpointError without naming {culprit}: {short(err)}"]
+        if culprit not in str(err):
+            return [f"{what} raised CheckpointError without naming {culprit}: {short(err)}"]
+        if len(str(err)) > MESSAGE_LIMIT:  # a hostile file echoed whole (thousands of dimensions)
+            return [f"{what} raised a CheckpointError of {len(str(err)):,} characters: {short(err)}"]
+        return []
     except Exception as err:
         return [f"{what} did not raise CheckpointError but {short(err)}"]
     return [f"{what} succeeded: the fault went unnoticed"]
 
 
-def _refused(rig: Rig, folder: pathlib.Path, culprit: str) -> list[str]:
+def refused(rig: Rig | ShardedRig, folder: pathlib.Path, culprit: str) -> list[str]:
     """Problems with loading `folder`: it must be refused, naming `culprit`, and change nothing."""
     problems = []
     try:
@@ -51,13 +58,23 @@ def _refused(rig: Rig, folder: pathlib.Path, culprit: str) -> list[str]:
     return problems
 
 
-def _skipped(rig: Rig, folder: pathlib.Path, saved: dict[str, torch.Tensor]) -> list[str]:
-    """Problems with "latest": it must skip `folder` with a warning and load checkpoint_0, whose state is `saved`."""
+def skipped(rig: Rig | ShardedRig, folder: pathlib.Path, saved: dict[str, torch.Tensor],
+            mismatch_ok: bool = False) -> list[str]:
+    """Problems with "latest": it must skip `folder` with a warning and load checkpoint_0, whose state is `saved`.
+
+    With `mismatch_ok` (a checkpoint that does not fit the live run, such as other parameter
+    groups) it may instead raise CheckpointMismatchError, changing nothing: such an error is never
+    passed over, as an older folder would not fit either.
+    """
+    before = rig.snapshot() if mismatch_ok else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             loaded = pathlib.Path(rig.acc.load_state())
         except Exception as err:
+            if mismatch_ok and isinstance(err, CheckpointMismatchError):
+                changed = differing(rig.snapshot(), before)
+                return [f"the refused load_state() (latest) changed live state: {changed[:3]}"] if changed else []
             return [f"load_state() (latest) did not skip {folder.name}: it raised {short(err)}"]
     if loaded.name != "checkpoint_0":
         return [f"load_state() (latest) loaded {loaded.name}, not the intact checkpoint_0"]
@@ -101,12 +118,12 @@ class Attacks:
         folder = project / "checkpoints" / "checkpoint_1"
         culprit = attack(folder, marker)
         problems = []
-        with contextlib.suppress(Exception):  # _refused reports is_intact raising
+        with contextlib.suppress(Exception):  # refused reports is_intact raising
             if damaged and is_intact(folder):
                 problems.append(f"is_intact() calls the damaged {folder.name} intact")
         rig = Rig(project, seed=OTHER_SEED)
         rig.step(3)
-        problems += _refused(rig, folder, culprit) + _skipped(rig, folder, saved)
+        problems += refused(rig, folder, culprit) + skipped(rig, folder, saved)
         if marker.exists():
             problems.append("code planted in the checkpoint was executed (its marker file exists)")
         return problems

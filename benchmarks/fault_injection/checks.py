@@ -7,6 +7,7 @@ promise held.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
 
@@ -54,3 +55,42 @@ def broken_checkpoints(root: pathlib.Path, when: str) -> list[str]:
 def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
     """The keys in only one of `a` and `b`; when they have the same keys, those whose tensors differ."""
     return sorted(set(a) ^ set(b)) or [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def merged(per_rank: list[list[str]]) -> list[str]:
+    """Every rank's problems: those that all ranks found once, the others prefixed with their rank."""
+    common = [p for p in per_rank[0] if all(p in problems for problems in per_rank)]
+    return common + [f"rank {r}: {p}" for r, problems in enumerate(per_rank) for p in problems if p not in common]
+
+
+def trainer_roots(project: pathlib.Path) -> list[pathlib.Path]:
+    """The folders that hold a Trainer's checkpoints in `project`, whichever layout it uses:
+    ``checkpoints/`` itself, or one folder per run (``checkpoints/<run>/``); ``[checkpoints/]``
+    while there are none yet."""
+    root = project / "checkpoints"
+    found = set()
+    for folder in [root, *_subfolders(root)]:
+        if any(is_checkpoint_name(name) for name in _names(folder)):
+            found.add(folder)
+    return sorted(found) or [root]
+
+
+def trainer_checkpoints_broken(project: pathlib.Path, when: str) -> list[str]:
+    """`broken_checkpoints` of every folder of a Trainer's checkpoints in `project` (`trainer_roots`)."""
+    return [problem for root in trainer_roots(project) for problem in broken_checkpoints(root, when)]
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is a checkpoint's (checkpoint_N) or a save's in progress (.checkpoint_N.tmp)."""
+    return re.fullmatch(r"\.?checkpoint_\d+(\.tmp)?", name) is not None
+
+
+def _names(folder: pathlib.Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # not there (yet), or pruned meanwhile
+        return []
+
+
+def _subfolders(folder: pathlib.Path) -> list[pathlib.Path]:
+    return [folder / name for name in _names(folder) if not is_checkpoint_name(name) and (folder / name).is_dir()]

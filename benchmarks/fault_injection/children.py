@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any, Callable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -28,6 +29,9 @@ JOB_TIMEOUT_S = 150.0
 EVENT = "FAULT-EVENT "
 #: Epochs of the 2-rank job: 32 optimizer steps, with a preemption check every 10.
 SIGTERM_EPOCHS = 4
+#: Marks every process a child starts (inherited): torchrun starts its workers in sessions of their
+#: own, which killing the child's process group misses, so `Child.kill` finds them by this mark.
+_MARK = "FAULT_INJECTION_CHILD"
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                  "MASTER_PORT", "TORCHELASTIC_RUN_ID", "FITTRAIN_STRATEGY")
 
@@ -47,6 +51,12 @@ def torchrun_args(project: pathlib.Path, *extra: Any) -> list[Any]:
     """The job on 2 ranks; --standalone lets torchrun pick a free port itself, so none is ever taken."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             *job_args(project, *extra)[1:]]  # the job's command line without the interpreter
+
+
+def on_ranks(args: list[Any], nproc: int = 2) -> list[Any]:
+    """The command line `args` (a role's, see `role_args`) run on `nproc` ranks by torchrun (--standalone:
+    it picks a free port itself)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", nproc, *args[1:]]
 
 
 def child_env() -> dict[str, str]:
@@ -71,9 +81,10 @@ class Child:
         self.log, self.timeout, self.started = log, timeout, time.monotonic()
         self.hung = False
         self._swept = False  # its group got SIGKILL: empty, so its id is never signalled again
+        self.mark = uuid.uuid4().hex
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env=child_env(), start_new_session=True)
+                                         env={**child_env(), _MARK: self.mark}, start_new_session=True)
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -95,8 +106,17 @@ class Child:
             os.killpg(self.proc.pid, sig)
         if sig == signal.SIGKILL:
             self._swept = True
+            self.sweep()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=30)
+
+    def sweep(self) -> None:
+        """SIGKILLs every live process it started that left its process group (torchrun's workers)."""
+        wanted = f"{_MARK}={self.mark}".encode()
+        for entry in pathlib.Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):  # gone meanwhile, or another user's
+                if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -163,8 +183,10 @@ class Context:
         """Kills every child still running (except the uninterrupted runs, with `but_references`)."""
         keep = {id(child) for child, _ in self._references.values()} if but_references else set()
         for child in self.children:
-            if child.running() and id(child) not in keep:
-                child.kill()
+            if id(child) not in keep:
+                if child.running():
+                    child.kill()
+                child.sweep()  # workers may outlive their launcher
 
     def start_reference(self, kind: str) -> None:
         """Starts the uninterrupted run of `kind` ("single" or "ddp") in the background, once."""

@@ -26,7 +26,7 @@ DEEP = 100_000
 STATE = "accelerator_state.json"
 
 
-class _Planted:
+class Planted:
     """Unpickling this opens `marker` for writing: code that runs, which must never happen."""
 
     def __init__(self, marker: pathlib.Path) -> None:
@@ -36,7 +36,7 @@ class _Planted:
         return open, (self.marker, "w")
 
 
-def _torch_bytes(obj: Any) -> bytes:
+def torch_bytes(obj: Any) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         torch.save(obj, pathlib.Path(tmp) / "x.pt")
         return (pathlib.Path(tmp) / "x.pt").read_bytes()
@@ -82,7 +82,7 @@ def _string_size(files: dict[str, Any]) -> None:
 HOSTILE: dict[str, Attack] = {
     # Listed in the manifest with a correct checksum, so only the loader's refusal to unpickle stops it.
     **{f"pickle whose __reduce__ writes a file, as {name}": (
-        lambda f, m, name=name: plant(f, name, _torch_bytes([_Planted(m)])))
+        lambda f, m, name=name: plant(f, name, torch_bytes([Planted(m)])))
        for name in ("optimizer.pt", "scheduler.pt", "random_states_0.pt", "custom_checkpoint_0.pt",
                     "model.safetensors")},
     "manifest nested 100,000 deep": lambda f, m: _replace_manifest(f, "[" * DEEP + "]" * DEEP),
@@ -95,18 +95,18 @@ HOSTILE: dict[str, Attack] = {
     f"{STATE} that is a list": lambda f, m: plant(f, STATE, b"[1, 2]"),
     f"{STATE} whose step is a string": lambda f, m: plant(f, STATE, b'{"step": "ten", "num_processes": 1}'),
     f"{STATE} whose dataloaders is a number": lambda f, m: plant(f, STATE, b'{"step": 1, "dataloaders": 5}'),
-    "optimizer.pt that is a list": lambda f, m: plant(f, "optimizer.pt", _torch_bytes([1, 2])),
-    "scheduler.pt that is a list": lambda f, m: plant(f, "scheduler.pt", _torch_bytes([1, 2])),
+    "optimizer.pt that is a list": lambda f, m: plant(f, "optimizer.pt", torch_bytes([1, 2])),
+    "scheduler.pt that is a list": lambda f, m: plant(f, "scheduler.pt", torch_bytes([1, 2])),
     "random_states_0.pt with strings for states": lambda f, m: plant(
-        f, "random_states_0.pt", _torch_bytes({"python": "x", "numpy": "x", "torch": "x"})),
+        f, "random_states_0.pt", torch_bytes({"python": "x", "numpy": "x", "torch": "x"})),
 }
 
 
-def _payload_is_live(scenario_dir: pathlib.Path) -> list[str]:
+def payload_is_live(scenario_dir: pathlib.Path) -> list[str]:
     """Problems when the planted payload does not even run under torch.load(weights_only=False)."""
     live = scenario_dir / "live"
     live.mkdir(parents=True)
-    (live / "x.pt").write_bytes(_torch_bytes([_Planted(live / "ran")]))
+    (live / "x.pt").write_bytes(torch_bytes([Planted(live / "ran")]))
     torch.load(live / "x.pt", weights_only=False)
     return [] if (live / "ran").exists() else ["the planted payload does not run even when unpickled: a broken test"]
 
@@ -116,5 +116,5 @@ def hostile_scenarios(workdir: pathlib.Path, quick: bool) -> Scenarios:
     attacks = Attacks(workdir)
     names = list(HOSTILE)[:1] if quick else list(HOSTILE)
     scenarios = {name: (lambda s, name=name: attacks.run(HOSTILE[name], s)) for name in names}
-    scenarios[names[0]] = lambda s, run=scenarios[names[0]]: _payload_is_live(s) + run(s)
+    scenarios[names[0]] = lambda s, run=scenarios[names[0]]: payload_is_live(s) + run(s)
     return scenarios

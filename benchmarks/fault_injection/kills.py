@@ -21,7 +21,7 @@ import safetensors.torch
 from fittrain.checkpoint import MANIFEST_NAME, list_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE
 
-from .checks import OTHER_SEED, Outcome, broken_checkpoints, differing
+from .checks import OTHER_SEED, Outcome, differing, trainer_checkpoints_broken, trainer_roots
 from .children import SIGTERM_EPOCHS, Child, Context, job_args, killed_after, torchrun_args, wait_until
 from .job import progress
 
@@ -65,7 +65,7 @@ def kill_category(ctx: Context, async_save: bool) -> list[Outcome]:
     return outcomes
 
 
-def _half_written(root: pathlib.Path) -> bool:
+def half_written(root: pathlib.Path) -> bool:
     """Whether a save is in progress under `root`: a hidden .tmp folder with files but no manifest."""
     for temp in root.glob(".checkpoint_*.tmp") if root.is_dir() else ():
         with contextlib.suppress(OSError):
@@ -75,13 +75,17 @@ def _half_written(root: pathlib.Path) -> bool:
     return False
 
 
+def _any_checkpoint(project: pathlib.Path) -> bool:
+    """Whether the Trainer has committed a checkpoint in `project` (in either layout: `trainer_roots`)."""
+    return any(list_checkpoints(root) for root in trainer_roots(project))
+
+
 def _kill_and_resume(ctx: Context, moment: tuple[int, float] | None, async_save: bool) -> list[str]:
     """Kills a saving job at `moment` (seconds after an optimizer step, once a checkpoint exists;
     None: inside a save), checks the folders, then lets a successor resume "latest" and compares it
     with the uninterrupted run."""
     run = ctx.folder("kill")
     project, go, result, steps = run / "project", run / "go", run / "resumed.safetensors", run / "progress"
-    root = project / "checkpoints"
     saving = ["--every", 1, "--limit", 3, *(["--async-save"] if async_save else [])]
     # 64 steps of a few ms each, plus a save after each: most kills land inside a save.
     victim = ctx.start(job_args(project, "--batch-sleep", 0.005, "--progress", steps, *saving), run / "victim.log")
@@ -90,19 +94,19 @@ def _kill_and_resume(ctx: Context, moment: tuple[int, float] | None, async_save:
                                    "--result", result, *saving), run / "successor.log")
     with killed_after(victim, successor):
         step = moment[0] if moment else 0
-        if not wait_until(lambda: bool(list_checkpoints(root)) and progress(steps, 0)[1] >= step, victim):
+        if not wait_until(lambda: _any_checkpoint(project) and progress(steps, 0)[1] >= step, victim):
             return [f"the job never saved a checkpoint and reached step {step}: it {victim.ending()}"]
         if moment is None:
-            wait_until(lambda: _half_written(root), victim)
+            wait_until(lambda: any(half_written(root) for root in trainer_roots(project)), victim)
         else:
             time.sleep(moment[1])
         if not victim.running():
             return [f"the job ended before the kill, so nothing was tested: it {victim.ending()}"]
         victim.kill()
-        problems = broken_checkpoints(root, "after the kill")
+        problems = trainer_checkpoints_broken(project, "after the kill")
         go.touch()
         problems += resumed_exactly(ctx, successor, result, "single")
-        return problems + broken_checkpoints(root, "after the resumed run")
+        return problems + trainer_checkpoints_broken(project, "after the resumed run")
 
 
 # ===================================================================== 7: SIGTERM to one rank or the group
@@ -159,6 +163,6 @@ def _sigterm_and_resume(ctx: Context, target: str) -> list[str]:
                     for rank, code in _rank_exit_codes(job, record).items() if code != str(PREEMPTION_EXIT_CODE)]
         if job.hung:
             problems.append(f"the job {job.ending()}")
-        problems += broken_checkpoints(project / "checkpoints", "after the SIGTERM")
+        problems += trainer_checkpoints_broken(project, "after the SIGTERM")
         go.touch()
         return problems + resumed_exactly(ctx, successor, result, "ddp")

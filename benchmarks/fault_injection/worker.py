@@ -12,7 +12,7 @@ import argparse
 import pathlib
 import shutil
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from .checks import Outcome, short
 from .children import MODULE, Child, Context, emit, role_args
@@ -27,19 +27,19 @@ Plan = Callable[[pathlib.Path, bool], Scenarios]
 
 # ===================================================================== in the worker
 def worker_main(argv: list[str], plans: dict[str, Plan]) -> None:
-    """Runs one category's scenarios (its plan in `plans`) from --start on, reporting each as events."""
+    """Runs one category's scenarios (its plan in `plans`) from --first on, reporting each as events."""
     parser = argparse.ArgumentParser(prog=f"{MODULE} _worker")
     parser.add_argument("category", choices=sorted(plans))
     parser.add_argument("--dir", required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--first", type=int, default=0, help="the index of the first scenario to run")
     args = parser.parse_args(argv)
     workdir = pathlib.Path(args.dir)
     workdir.mkdir(parents=True, exist_ok=True)
     scenarios = plans[args.category](workdir, args.quick)
     emit(plan=list(scenarios))
     for index, (name, run) in enumerate(scenarios.items()):
-        if index >= args.start:
+        if index >= args.first:
             emit(start=name)
             emit(end=name, problems=_run_scenario(run, workdir / f"scenario-{index}"))
 
@@ -54,8 +54,13 @@ def _run_scenario(run: Callable[[pathlib.Path], list[str]], scenario_dir: pathli
 
 
 # ===================================================================== in the parent
-def worker_category(ctx: Context, category: str, workdir: pathlib.Path | None = None) -> list[Outcome]:
-    """Runs a worker; one that hangs or dies is killed and restarted after the scenario it was in."""
+def worker_category(ctx: Context, category: str, workdir: pathlib.Path | None = None, role: str = "_worker",
+                    launch: Callable[[list[Any]], list[Any]] = list) -> list[Outcome]:
+    """Runs a worker; one that hangs or dies is killed and restarted after the scenario it was in.
+
+    `role` and `launch` (which turns its command line into the one to run, e.g. on 2 ranks with
+    `children.on_ranks`) serve workers of other kinds that report the same events.
+    """
     workdir = workdir or ctx.folder(category)
     outcomes: dict[str, Outcome] = {}
     plan: list[str] | None = None
@@ -64,8 +69,8 @@ def worker_category(ctx: Context, category: str, workdir: pathlib.Path | None = 
         # Each worker gets a folder of its own, removed after it: a killed one may leave files
         # behind (on the tmpfs, a filler that would make the next scenarios fail).
         files = workdir / f"from-{start}"
-        args = role_args("_worker", category, "--dir", files, "--start", start, *(["--quick"] if ctx.quick else []))
-        child = ctx.start(args, ctx.folder(f"{category}-worker") / "log")
+        args = role_args(role, category, "--dir", files, "--first", start, *(["--quick"] if ctx.quick else []))
+        child = ctx.start(launch(args), ctx.folder(f"{category}-worker") / "log")
         plan, current = _follow(child, outcomes)
         shutil.rmtree(files, ignore_errors=True)
         if plan is None:
