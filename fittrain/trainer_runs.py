@@ -61,7 +61,7 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     logs = logs_folders(trainer.callbacks, config.logging_dir, trainer.project_dir)
 
     def new_name() -> str:  # the main process's choice on every process (the clock differs by rank)
-        return acc.broadcast(new_run_name(root, *logs) if acc.is_main_process else None)
+        return acc.broadcast(new_run_name(root, *logs))
 
     plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn)
     config.use_run(plan.name)
@@ -139,7 +139,7 @@ def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, nam
                 return RunPlan(name="", checkpoint=latest_checkpoint(candidate, warn), newest=True)
             return RunPlan(name="", checkpoint=candidate)
     raise FileNotFoundError(
-        f"`resume_from` names a folder that does not exist. Received: resume_from={short_repr(os.fspath(resume_from))}. "
+        f"`resume_from` names a folder that does not exist. Received: resume_from={short_repr(os.fspath(resume_from), 400)}. "
         "Pass an existing checkpoint folder such as 'checkpoints/run_a/checkpoint_3', a run folder such as "
         "'checkpoints/run_a' (its newest checkpoint), or 'latest'.")
 

@@ -198,7 +198,7 @@ def test_checkpoints_of_a_compiled_run_load_into_a_plain_model_and_back(tmp_path
                       callbacks=[Checkpointer(every_n_epochs=1)])
     trainer.fit(new_net(), train, val)
     trainer.accelerator.save_model(trainer.model, tmp_path / "export")
-    saved = load_file(tmp_path / "checkpoints" / "checkpoint_0" / "model.safetensors")
+    saved = load_file(tmp_path / "checkpoints" / trainer.run_name / "checkpoint_0" / "model.safetensors")
     exported = load_file(tmp_path / "export" / "model.safetensors")
     assert not [k for k in [*saved, *exported] if "_orig_mod" in k]
     plain = Net()
@@ -210,7 +210,7 @@ def test_checkpoints_of_a_compiled_run_load_into_a_plain_model_and_back(tmp_path
     plain_trainer.fit(new_net(), train, val)
     accelerator = Accelerator(cpu=True, dynamo_backend="eager")
     compiled = accelerator.prepare(Net())
-    accelerator.load_state(tmp_path / "plain" / "checkpoints" / "checkpoint_0")
+    accelerator.load_state(tmp_path / "plain" / "checkpoints" / plain_trainer.run_name / "checkpoint_0")
     assert_same(weights(compiled), weights(plain_trainer.module))
 
 
@@ -263,7 +263,8 @@ def test_trainer_adds_no_compilation_across_validation_checkpoints_and_resume(tm
     torch._dynamo.reset()
     resumed_counter = Counter()
     resumed = Trainer(compile={"backend": resumed_counter}, max_epochs=3, project_dir=tmp_path,
-                      resume_from="checkpoints/checkpoint_1", callbacks=[Checkpointer(every_n_steps=3)])
+                      resume_from=tmp_path / "checkpoints" / trainer.run_name / "checkpoint_1",
+                      callbacks=[Checkpointer(every_n_steps=3)])
     resumed.fit(new_net(), train, val)
     assert resumed.state.global_step == 12
     assert resumed_counter.graphs == baseline

@@ -316,7 +316,7 @@ def test_a_resumed_manual_run_ends_bit_identical_to_an_uninterrupted_one(precisi
         return trainer, module
 
     whole, whole_module = run("whole")
-    folder = tmp_path / "whole" / "checkpoints" / "checkpoint_0"
+    folder = tmp_path / "whole" / "checkpoints" / whole.run_name / "checkpoint_0"
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith(("optimizer", "scheduler"))) == [
         "optimizer.pt", "optimizer_1.pt", "scheduler.pt"]  # every optimizer and scheduler
     resumed, resumed_module = run("resumed", resume_from=folder)

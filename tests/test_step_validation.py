@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, EarlyStop, Logger
+from fittrain.checkpoint.run_folders import run_folder
 from fittrain.trainer_parts import length_of
 
 
@@ -178,7 +179,7 @@ def test_resume_after_a_mid_epoch_validation_is_exact_and_does_not_validate_agai
     with pytest.raises(RuntimeError, match="simulated crash"):
         _resume_run(tmp_path / "cut", EarlyStop(patience=100), Checkpointer(every_n_steps=3), first_seen, CrashAt(6))
     assert first_seen.steps == [3, 6]
-    checkpoint = tmp_path / "cut" / "checkpoints" / "checkpoint_1"
+    checkpoint = run_folder(tmp_path / "cut") / "checkpoint_1"
     assert checkpoint.is_dir()
 
     resumed_seen, resumed_stop = Validations(), EarlyStop(patience=100)

@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
+from fittrain.checkpoint.run_folders import run_folder
 from fittrain.events import EVENT_NAMES
 
 
@@ -166,13 +167,14 @@ def test_resume_continues_at_the_saved_step(tmp_path, capsys):
     Trainer(callbacks=[SaveAt()], max_epochs=2, project_dir=tmp_path).fit(full, make_loader(shuffle=True))
     resumed = Regressor()
     torch.manual_seed(123)  # a different seed: everything must come from the checkpoint
-    trainer = Trainer(max_epochs=2, project_dir=tmp_path, resume_from="checkpoints/checkpoint_0")
+    checkpoint = run_folder(tmp_path) / "checkpoint_0"  # the first fit's run folder
+    trainer = Trainer(max_epochs=2, project_dir=tmp_path, resume_from=checkpoint)
     trainer.fit(resumed, make_loader(shuffle=True))
     assert trainer.state.global_step == 8
     assert torch.equal(full.net.weight, resumed.net.weight)
     assert resumed.seen_batches == 5  # the 3 consumed batches were not replayed
     # A resume says what it loaded, in one line.
-    line = f"Resumed from {tmp_path / 'checkpoints' / 'checkpoint_0'}: epoch 0, optimizer step 3, 3 batches into the epoch."
+    line = f"Resumed from {checkpoint}: epoch 0, optimizer step 3, 3 batches into the epoch."
     assert capsys.readouterr().out.splitlines().count(line) == 1
 
 
@@ -247,7 +249,7 @@ def test_unloadable_callback_state_fails_at_save_naming_the_callback(tmp_path):
 
     with pytest.raises(TypeError, match="NumpyState.state_dict"):
         Trainer(callbacks=[NumpyState()], project_dir=tmp_path).fit(Regressor(), make_loader())
-    assert not (tmp_path / "checkpoints" / "checkpoint_0").exists()
+    assert not list(tmp_path.glob("checkpoints/*/checkpoint_0"))
 
 
 def test_repeated_validate_prepares_the_loader_once(tmp_path):

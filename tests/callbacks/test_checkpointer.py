@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from fittrain import Accelerator, Callback, Trainer
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import snapshot as snapshot_module
+from fittrain.checkpoint.run_folders import run_folder, run_folders
 
 
 class WeightHistory(Callback):
@@ -26,9 +27,17 @@ class WeightHistory(Callback):
         self.by_step[trainer.state.global_step] = {k: v.detach().clone() for k, v in state.items()}
 
 
+def _run(project: pathlib.Path) -> pathlib.Path:
+    """The checkpoint folder of the project's (latest started) run."""
+    return run_folder(project)
+
+
 def _names(project: pathlib.Path) -> list[str]:
-    folder = project / "checkpoints"
-    return sorted((p.name for p in folder.iterdir()), key=lambda n: int(n.rsplit("_", 1)[1])) if folder.exists() else []
+    if not run_folders(project / "checkpoints"):
+        return []
+    folder = _run(project)
+    names = [p.name for p in folder.iterdir() if p.name.startswith("checkpoint_")]
+    return sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]))
 
 
 def _fit(make_module, make_loader, project, checkpointer, max_epochs=2, accumulation=1, resume_from=None):
@@ -43,7 +52,7 @@ def _fit(make_module, make_loader, project, checkpointer, max_epochs=2, accumula
 def _load_fresh(make_module, project: pathlib.Path, i: int) -> torch.nn.Module:
     """Loads checkpoint_i's model.safetensors into a new module with safetensors alone, strictly."""
     fresh = make_module()
-    fresh.load_state_dict(load_file(project / "checkpoints" / f"checkpoint_{i}" / "model.safetensors"), strict=True)
+    fresh.load_state_dict(load_file(_run(project) / f"checkpoint_{i}" / "model.safetensors"), strict=True)
     return fresh
 
 
@@ -91,7 +100,7 @@ def test_both_triggers_on_one_step_save_once(make_module, make_loader, tmp_path)
     # checkpoint_0 was taken at the last batch of epoch 0, before that epoch ended. Resumed from it,
     # epoch 0 ends again at step 4; the Checkpointer's saved state knows step 4 is already saved.
     _, resumed = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=4, every_n_epochs=1),
-                      resume_from="checkpoints/checkpoint_0")
+                      resume_from=_run(tmp_path) / "checkpoint_0")
     assert _names(tmp_path) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
     _assert_same_weights(_load_fresh(make_module, tmp_path, 2), resumed.by_step[8])
 
@@ -101,21 +110,23 @@ def _snapshot(folder: pathlib.Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("resume_from, max_epochs, resumed_step", [
-    ("checkpoints/checkpoint_1", 2, 4),   # an older checkpoint: 2 and 3 exist and must survive
+    ("checkpoint_1", 2, 4),   # an older checkpoint of the run: 2 and 3 exist and must survive
     ("latest", 3, 8),
 ])
 def test_resume_continues_numbering_without_overwriting(make_module, make_loader, tmp_path, resume_from, max_epochs,
                                                         resumed_step):
     _, first = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2))
-    before = {name: _snapshot(tmp_path / "checkpoints" / name) for name in _names(tmp_path)}
+    before = {name: _snapshot(_run(tmp_path) / name) for name in _names(tmp_path)}
+    if resume_from != "latest":
+        resume_from = _run(tmp_path) / resume_from
 
     module, second = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2),
                           max_epochs=max_epochs, resume_from=resume_from)
 
     assert min(second.by_step) == resumed_step + 1, "the second fit continued after the checkpoint's step"
-    # Two new saves, numbered after the newest folder; the resumed step itself is not saved again.
+    # Two new saves in the run's folder, numbered after its newest; the resumed step is not saved again.
     assert _names(tmp_path) == [f"checkpoint_{i}" for i in range(6)]
-    assert {name: _snapshot(tmp_path / "checkpoints" / name) for name in before} == before
+    assert {name: _snapshot(_run(tmp_path) / name) for name in before} == before
     for i, step in [(4, resumed_step + 2), (5, resumed_step + 4)]:
         _assert_same_weights(_load_fresh(make_module, tmp_path, i), second.by_step[step])
     if resume_from != "latest":  # the resumed run retraces the first one exactly
@@ -130,7 +141,7 @@ def test_user_accelerator_gets_automatic_naming(make_module, make_loader, tmp_pa
     trainer.fit(make_module(), make_loader())
     assert _names(tmp_path) == ["checkpoint_1"]
     assert accelerator.project_configuration.automatic_checkpoint_naming
-    assert trainer.callbacks[0].last_checkpoint == str(tmp_path / "checkpoints" / "checkpoint_1")
+    assert trainer.callbacks[0].last_checkpoint == str(tmp_path / "checkpoints" / trainer.run_name / "checkpoint_1")
 
 
 @pytest.mark.parametrize("kwargs, received", [
@@ -175,10 +186,10 @@ def test_async_save_checkpoints_hold_the_weights_of_their_step(make_module, make
     module, history = _fit(make_module, make_loader, tmp_path, checkpointer)
     # fit returned, so on_fit_end waited for the last write: every folder is there, the oldest pruned.
     assert _names(tmp_path) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
-    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert not [p for p in _run(tmp_path).iterdir() if p.name.startswith(".")]
     for i, step in [(1, 4), (2, 6), (3, 8)]:
         _assert_same_weights(_load_fresh(make_module, tmp_path, i), history.by_step[step])
-    assert checkpointer.last_checkpoint == str(tmp_path / "checkpoints" / "checkpoint_3")
+    assert checkpointer.last_checkpoint == str(_run(tmp_path) / "checkpoint_3")
 
 
 class FailAtStep(Callback):

@@ -21,6 +21,7 @@ from torch import nn
 from fittrain import Accelerator, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import CheckpointError, ProjectConfiguration
+from fittrain.checkpoint.run_folders import run_folder, run_folders
 
 # By optimizer step, for saves every 2 steps of 3 epochs x 4 batches (steps 2..12 -> checkpoint_0..5).
 STEP_SCORES = {2: 0.5, 4: 0.2, 6: 0.9, 8: 0.1, 10: 0.7, 12: 0.6}
@@ -48,7 +49,11 @@ class Scored(TrainModule):
 
 
 def _names(project: pathlib.Path) -> list[str]:
-    return sorted((p.name for p in (project / "checkpoints").iterdir()), key=lambda n: int(n.rsplit("_", 1)[1]))
+    """The checkpoint folders of the project's (latest started) run."""
+    if not run_folders(project / "checkpoints"):
+        return []
+    names = [p.name for p in run_folder(project).iterdir() if p.name.startswith("checkpoint_")]
+    return sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]))
 
 
 def _fit(make_loader: Callable[..., Any], project: pathlib.Path, checkpointer: Checkpointer,
@@ -68,7 +73,7 @@ def test_top_k_keeps_the_best_and_the_newest_with_step_validation(make_loader, t
     trainer, _ = _fit(make_loader, tmp_path, Checkpointer(every_n_steps=2, monitor="score", save_top_k=2))
     # Scores 0.5 0.2 0.9 0.1 0.7 0.6: the best two are checkpoint_3 and _1; checkpoint_5 is the newest.
     assert _names(tmp_path) == ["checkpoint_1", "checkpoint_3", "checkpoint_5"]
-    assert trainer.best_checkpoint == tmp_path / "checkpoints" / "checkpoint_3"
+    assert trainer.best_checkpoint == tmp_path / "checkpoints" / trainer.run_name / "checkpoint_3"
     assert isinstance(trainer.best_checkpoint, pathlib.Path)
     assert trainer.best_score == pytest.approx(0.1)
 
@@ -130,7 +135,7 @@ def test_restore_best_loads_the_best_weights_into_the_module(make_loader, tmp_pa
     checkpointer = Checkpointer(every_n_steps=2, monitor="score", save_top_k=2, restore_best=True)
     trainer, module = _fit(make_loader, tmp_path, checkpointer)
     best = load_file(trainer.best_checkpoint / "model.safetensors")
-    newest = load_file(tmp_path / "checkpoints" / "checkpoint_5" / "model.safetensors")
+    newest = load_file(run_folder(tmp_path) / "checkpoint_5" / "model.safetensors")
     assert not torch.equal(best["net.weight"], newest["net.weight"])  # restoring changes something
     assert module.state_dict().keys() == best.keys()
     for key, value in module.state_dict().items():

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 import torch
 
 from fittrain import Accelerator, Trainer
 from fittrain.callbacks import Checkpointer, MixedPrecision
+from fittrain.checkpoint.run_folders import run_folder
 
 
 def _fit_and_watch(module, loader, tmp_path, *callbacks, accelerator=None):
@@ -36,7 +35,7 @@ def test_fp16_runs_on_cpu_with_a_grad_scaler(make_module, make_loader, tmp_path)
                                    Checkpointer(every_n_epochs=1))
     assert seen["train"] == {torch.float16}
     assert isinstance(getattr(trainer.accelerator.precision, "scaler", None), torch.amp.GradScaler)
-    checkpoint = pathlib.Path(tmp_path, "checkpoints", "checkpoint_0")
+    checkpoint = run_folder(tmp_path) / "checkpoint_0"
     scaler_state = torch.load(checkpoint / "scaler.pt", weights_only=True)
     assert scaler_state["scale"] > 0
 
@@ -45,7 +44,7 @@ def test_no_keeps_fp32_and_saves_no_scaler(make_module, make_loader, tmp_path):
     trainer, seen = _fit_and_watch(make_module(), make_loader(), tmp_path, MixedPrecision("no"),
                                    Checkpointer(every_n_epochs=1))
     assert seen == {"train": {torch.float32}, "val": {torch.float32}}
-    assert not pathlib.Path(tmp_path, "checkpoints", "checkpoint_0", "scaler.pt").exists()
+    assert not (run_folder(tmp_path) / "checkpoint_0" / "scaler.pt").exists()
 
 
 def test_overrides_a_user_accelerator_before_prepare(make_module, make_loader, tmp_path):
