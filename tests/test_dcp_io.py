@@ -1,5 +1,5 @@
 """The shard files' storage (`fittrain.checkpoint.dcp_io`): raw chunks read straight into their
-targets, blocks cut out of chunks (resharding), and shard files written before raw chunks.
+targets, blocks cut out of chunks (resharding), and the chunk layouts metadata.json may describe.
 
 Whole checkpoints are tested in test_sharded_checkpoint.py (one process) and
 distributed/test_sharded_fsdp.py (2 and 4); here DCP runs without a process group over
@@ -24,8 +24,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.dcp_io import (
-    METADATA_NAME, RawReader, RawWriter, TensorsOnlyLoadPlanner, _span, metadata_from_json, metadata_to_json,
-    storage_reader,
+    METADATA_NAME, RawReader, RawWriter, TensorsOnlyLoadPlanner, _span, metadata_from_json, storage_reader,
 )
 
 
@@ -148,25 +147,62 @@ def test_a_chunk_beyond_the_end_of_its_file_is_named(tmp_path) -> None:
         _read_block(tmp_path / "c", (0, 0), (4, 6))
 
 
-class _LegacyWriter(FileSystemWriter):
-    """How fittrain wrote shard files before raw chunks: DCP's own (a `torch.save` archive per
-    chunk), with the JSON metadata of then (no "items", no "byteorder")."""
+# Layouts of a 4x6 tensor as (offsets, sizes) chunks: ranks' grids that tile it, and damaged ones.
+_TILINGS = {
+    "rows": [((0, 0), (2, 6)), ((2, 0), (2, 6))],
+    "a 2x2 grid": [((0, 0), (2, 3)), ((0, 3), (2, 3)), ((2, 0), (2, 3)), ((2, 3), (2, 3))],
+    "rows, the second split in columns": [((0, 0), (2, 6)), ((2, 0), (2, 1)), ((2, 1), (2, 5))],
+    "an empty chunk beside whole rows": [((0, 0), (4, 6)), ((4, 0), (0, 6))],
+}
+_NOT_TILINGS = {
+    "a row missing": ([((0, 0), (3, 6))], "along dimension 0, indices 3 to 4 lie in no chunk"),
+    "columns missing in one band": ([((0, 0), (2, 6)), ((2, 0), (2, 4))],
+                                    "along dimension 1, indices 4 to 6 lie in no chunk"),
+    "columns twice": ([((0, 0), (4, 4)), ((0, 2), (4, 4))], "along dimension 1, indices 2 to 4 lie in more than one"),
+    "the same chunk twice": ([((0, 0), (4, 6)), ((0, 0), (4, 6))], r"the block at \[0, 0\] lies in more than one"),
+    "only empty chunks": ([((0, 0), (0, 6))], "along dimension 0, indices 0 to 4 lie in no chunk"),
+}
 
-    def __init__(self, path: pathlib.Path) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
 
-    def finish(self, metadata, results) -> None:
-        metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
-        data = metadata_to_json(metadata)
-        del data["items"], data["byteorder"]
-        (pathlib.Path(self.path) / METADATA_NAME).write_text(json.dumps(data))
+@pytest.mark.parametrize("layout", list(_TILINGS))
+def test_chunks_that_tile_a_tensor_load_it_whole(tmp_path, layout) -> None:
+    tensor = torch.randn(4, 6)
+    _chunked(tmp_path / "c", tensor, _TILINGS[layout])
+    target = torch.zeros(4, 6)
+    _load(tmp_path / "c", {"w": target})
+    assert torch.equal(target, tensor)
 
 
-def test_shard_files_written_before_raw_chunks_still_load(tmp_path) -> None:
-    tensors = {"model_0/w": torch.randn(3, 5), "optimizer_0/state/0/step": torch.tensor(4.0)}
-    _save(tmp_path, tensors, _LegacyWriter(tmp_path))
-    parsed = metadata_from_json(json.loads((tmp_path / METADATA_NAME).read_text()))
-    assert parsed.items == "torch.save" and type(storage_reader(tmp_path, parsed)) is not RawReader
+@pytest.mark.parametrize("layout", list(_NOT_TILINGS))
+def test_chunks_that_do_not_tile_a_tensor_are_refused_when_parsed(tmp_path, layout) -> None:
+    cuts, message = _NOT_TILINGS[layout]
+    _chunked(tmp_path / "c", torch.randn(4, 6), cuts)
+    data = json.loads((tmp_path / "c" / METADATA_NAME).read_text())
+    with pytest.raises(ValueError, match=rf"the chunks of 'w' do not tile it: {message}"):
+        metadata_from_json(data)
+
+
+def test_scalars_and_empty_tensors_tile_with_their_one_chunk(tmp_path) -> None:
+    tensors = {"step": torch.tensor(3.0), "empty": torch.empty(0, 5), "deep": torch.randn(*[1] * 40, 2)}
+    _save(tmp_path, tensors, RawWriter(tmp_path))
+    data = json.loads((tmp_path / METADATA_NAME).read_text())
     targets = {key: torch.zeros_like(t) for key, t in tensors.items()}
     _load(tmp_path, targets)
     assert all(torch.equal(targets[key], t) for key, t in tensors.items())
+    data["tensors"]["step"]["chunks"] = []
+    data["storage"] = [s for s in data["storage"] if s["fqn"] != "step"]
+    with pytest.raises(ValueError, match=r"the chunks of 'step' do not tile it: the block at \[\] lies in no chunk"):
+        metadata_from_json(data)
+
+
+def test_metadata_of_the_pre_release_format_is_refused_not_read(tmp_path) -> None:
+    """fittrain 0.1.0 was never released: its shard files (a `torch.save` archive per chunk, and no
+    "items" in metadata.json) are refused as damaged instead of read by a second reader."""
+    _save(tmp_path, {"w": torch.randn(3, 5)}, RawWriter(tmp_path))
+    data = json.loads((tmp_path / METADATA_NAME).read_text())
+    del data["items"]
+    with pytest.raises(ValueError, match=r'it has no "items" \(how its chunks are stored\)'):
+        metadata_from_json(data)
+    data["items"] = "torch.save"
+    with pytest.raises(ValueError, match=r"its chunks are stored as 'torch.save', which fittrain does not know"):
+        metadata_from_json(data)

@@ -193,7 +193,8 @@ def test_a_folder_pruned_before_its_shards_were_verified_is_refused_as_deleted(t
 
 @pytest.mark.parametrize("change, message", [
     (lambda m: m.update(format="pickle"), "not a fittrain-dcp-metadata file"),
-    (lambda m: next(iter(m["tensors"].values())).update(size=[-1, 4]), "not a list of non-negative integers"),
+    (lambda m: next(iter(m["tensors"].values())).update(size=[-1, 4]),
+     r"not a list of integers from 0 to 2\*\*63 - 1: \[-1, 4\]"),
     (lambda m: next(iter(m["tensors"].values()))["chunks"][0].__setitem__(0, [7, 0]), "lies outside its size"),
     (lambda m: m["storage"][0].update(file="../../etc/passwd"), "storage entry is malformed"),
     (lambda m: next(iter(m["tensors"].values())).update(dtype="object"), "no valid dtype"),

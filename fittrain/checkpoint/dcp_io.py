@@ -2,8 +2,8 @@
 
 DCP's own `FileSystemWriter` pickles the checkpoint's metadata (`.metadata`), its reader unpickles
 it, and its default load planner reads non-tensor values with `torch.load(weights_only=False)`.
-fittrain keeps DCP's planning, resharding and per-rank shard files (`__{rank}_{i}.distcp`, each
-tensor stored with `torch.save` and read back with `weights_only=True`) and replaces the rest:
+fittrain keeps DCP's planning, resharding and per-rank shard files (`__{rank}_{i}.distcp`) and
+replaces the rest:
 
 - `RawWriter` writes each rank's chunks as raw bytes, one after another in one file per rank
   (C order, this machine's byte order, recorded), checksummed as they are written; and the
@@ -11,9 +11,9 @@ tensor stored with `torch.save` and read back with `weights_only=True`) and repl
   and where each chunk lies in which file.
 - `RawReader` reads every chunk straight into the tensor it fills (a staging buffer only when a
   chunk is read in part or the target is not a dense CPU tensor): no per-chunk `torch.load`,
-  nothing to unpickle at all. `metadata_from_json` parses the JSON, within limits.
-- `JsonReader` reads the shard files of fittrain before raw chunks (each chunk a `torch.save`
-  archive, read by DCP with `weights_only=True`).
+  nothing to unpickle at all. `metadata_from_json` parses the JSON, within limits, and checks it
+  whole before anything is read: every tensor's chunks tile it exactly (no gap, no overlap), each
+  chunk has its bytes in a file, and no size is beyond what a file could hold.
 - Only tensors are given to DCP (`sharded.py` keeps every other value, such as an optimizer's
   param_groups, in a file of its own); `TensorsOnlyLoadPlanner` refuses any other entry.
 """
@@ -45,15 +45,18 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from ..events import short_repr
 from .crc import crc32_beside
 from .errors import CheckpointError
 
 # DCP's metadata, as fittrain writes it beside the shard files (`sharded.METADATA_PATH`).
 METADATA_NAME = "metadata.json"
 _FORMAT = "fittrain-dcp-metadata"
-# How chunks are stored in the shard files: RAW (bytes in C order) or, in checkpoints of fittrain
-# before it, LEGACY (each chunk a `torch.save` archive; metadata.json then has no "items").
-RAW, LEGACY = "raw", "torch.save"
+# How chunks are stored in the shard files: raw bytes in C order (the only way fittrain ever released).
+RAW = "raw"
+# The largest tensor, in bytes or elements along one dimension, that metadata.json may describe: what
+# a file offset (and torch's sizes) can hold. A hostile size is refused before anything is allocated.
+_MAX_BYTES = 2**63 - 1
 # The dtypes a shard may hold (names as `str(torch.float32)` minus "torch."): nothing else is read.
 _DTYPES = {name: getattr(torch, name) for name in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
@@ -91,34 +94,75 @@ def metadata_to_json(metadata: Metadata) -> dict[str, Any]:
             "tensors": tensors, "storage": storage}
 
 
+def _name(fqn: str) -> str:
+    """A tensor's name for a message (a hostile file may hold a name of any length)."""
+    return short_repr(fqn, 200)
+
+
 def _ints(value: Any, what: str) -> list[int]:
-    if not (isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)):
-        raise ValueError(f"{what} is not a list of non-negative integers")
+    if not (isinstance(value, list) and all(type(v) is int and 0 <= v <= _MAX_BYTES for v in value)):
+        raise ValueError(f"{what} is not a list of integers from 0 to 2**63 - 1: {short_repr(value, 80)}")
     return value
 
 
 def _tensor_entry(fqn: str, entry: Any) -> TensorStorageMetadata:
     if not (isinstance(entry, dict) and entry.get("dtype") in _DTYPES and isinstance(entry.get("chunks"), list)):
-        raise ValueError(f"tensor {fqn!r} has no valid dtype, size and chunks")
-    size = _ints(entry.get("size"), f"the size of {fqn!r}")
+        raise ValueError(f"tensor {_name(fqn)} has no valid dtype, size and chunks")
+    size = _ints(entry.get("size"), f"the size of {_name(fqn)}")
+    dtype = _DTYPES[entry["dtype"]]
+    if math.prod(size) * dtype.itemsize > _MAX_BYTES:
+        raise ValueError(f"tensor {_name(fqn)} of size {short_repr(size, 80)} would take more than 2**63 bytes")
     chunks = []
     for chunk in entry["chunks"]:
         if not (isinstance(chunk, list) and len(chunk) == 2):
-            raise ValueError(f"a chunk of {fqn!r} is not [offsets, sizes]")
-        offsets, sizes = _ints(chunk[0], f"a chunk offset of {fqn!r}"), _ints(chunk[1], f"a chunk size of {fqn!r}")
+            raise ValueError(f"a chunk of {_name(fqn)} is not [offsets, sizes]")
+        offsets = _ints(chunk[0], f"a chunk offset of {_name(fqn)}")
+        sizes = _ints(chunk[1], f"a chunk size of {_name(fqn)}")
         if not (len(offsets) == len(sizes) == len(size)
                 and all(o + s <= n for o, s, n in zip(offsets, sizes, size))):
-            raise ValueError(f"a chunk of {fqn!r} lies outside its size {size}")
+            raise ValueError(f"a chunk of {_name(fqn)} lies outside its size {short_repr(size, 80)} "
+                             f"({len(size)} dimensions)")
         chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
-    properties = TensorProperties(dtype=_DTYPES[entry["dtype"]])
-    return TensorStorageMetadata(properties=properties, size=torch.Size(size), chunks=chunks)
+    problem = _untiled(size, chunks)
+    if problem:
+        raise ValueError(f"the chunks of {_name(fqn)} do not tile it: {problem}")
+    return TensorStorageMetadata(properties=TensorProperties(dtype=dtype), size=torch.Size(size), chunks=chunks)
 
 
-@dataclasses.dataclass
-class ShardMetadata(Metadata):
-    """DCP's metadata, and how the shard files store chunks (`RAW` or `LEGACY`)."""
+def _untiled(size: list[int], chunks: list[ChunkStorageMetadata]) -> str | None:
+    """Where `chunks` (each within `size`) fail to cover a tensor of `size` exactly once; None if they do.
 
-    items: str = RAW
+    DCP saves a sharded tensor as a grid: the chunks that share a range of dimension 0 split the
+    rest alike, and so on. So the chunks are grouped by their range along one dimension, the
+    ranges must follow one another from 0 to the end, and each group is checked along the next
+    dimension: O(n log n) in the number of chunks, with no recursion however many dimensions.
+    Empty chunks (a rank that holds no rows) cover nothing and are passed over.
+    """
+    if math.prod(size) == 0:
+        return None
+    pending = [([c for c in chunks if math.prod(c.sizes)], 0)]
+    while pending:
+        group, dim = pending.pop()
+        if dim == len(size):  # one element of every dimension so far: one chunk must hold the block
+            if len(group) != 1:
+                where = short_repr(list(group[0].offsets), 80) if group else "[]"  # none: a scalar's
+                return f"the block at {where} lies in {'more than one chunk' if group else 'no chunk'}"
+            continue
+        bands: dict[tuple[int, int], list[ChunkStorageMetadata]] = {}
+        for chunk in group:
+            bands.setdefault((chunk.offsets[dim], chunk.sizes[dim]), []).append(chunk)
+        end = 0
+        for start, length in sorted(bands):
+            if start > end:
+                return f"along dimension {dim}, indices {end} to {start} lie in no chunk"
+            if start < end:
+                overlap = f"{start} to {min(end, start + length)}"
+                return f"along dimension {dim}, indices {overlap} lie in more than one chunk"
+            end = start + length
+            pending.append((bands[(start, length)], dim + 1))
+        if end != size[dim]:
+            return f"along dimension {dim}, indices {end} to {size[dim]} lie in no chunk"
+    return None
 
 
 def _chunk_bytes(tensors: dict[str, TensorStorageMetadata]) -> dict[tuple[str, tuple[int, ...]], int]:
@@ -127,39 +171,58 @@ def _chunk_bytes(tensors: dict[str, TensorStorageMetadata]) -> dict[tuple[str, t
             for fqn, entry in tensors.items() for chunk in entry.chunks}
 
 
-def metadata_from_json(data: Any) -> ShardMetadata:
-    """Parses what `metadata_to_json` wrote back into DCP's metadata.
-
-    Raises:
-        ValueError: naming what is malformed (the caller names the file).
-        CheckpointError: the chunks are raw bytes in the other byte order.
-    """
+def _check_format(data: Any) -> None:
+    """Refuses a file that is not fittrain's metadata of raw chunks in this machine's byte order."""
     if not (isinstance(data, dict) and data.get("format") == _FORMAT and isinstance(data.get("tensors"), dict)
             and isinstance(data.get("storage"), list)):
         raise ValueError(f"it is not a {_FORMAT} file")
-    items = data.get("items", LEGACY)
-    if items not in (RAW, LEGACY):
-        raise ValueError(f"its chunks are stored as {str(items)[:40]!r}, which fittrain does not know")
-    if items == RAW and data.get("byteorder") != sys.byteorder:
+    if "items" not in data:
+        raise ValueError('it has no "items" (how its chunks are stored): it was written by a pre-release fittrain, '
+                         "whose shard files are not read, or it was cut short")
+    if data["items"] != RAW:
+        raise ValueError(f"its chunks are stored as {short_repr(data['items'], 40)}, which fittrain does not know "
+                         f"(it writes {RAW!r})")
+    if data.get("byteorder") != sys.byteorder:
         raise CheckpointError(
             f"This sharded checkpoint's tensors are stored in {str(data.get('byteorder'))[:20]!r}-endian byte order, "
             f"and this machine is {sys.byteorder}-endian. Consolidate it (`fittrain consolidate`) on a machine "
             "of its byte order, then load the safetensors weights.")
-    tensors = {fqn: _tensor_entry(fqn, entry) for fqn, entry in data["tensors"].items()}
+
+
+def _storage_entries(data: list[Any], tensors: dict[str, TensorStorageMetadata]) -> dict[MetadataIndex, _StorageInfo]:
+    """Where each chunk's bytes lie, checked: one entry of the chunk's length for every chunk."""
     sizes = _chunk_bytes(tensors)
     storage = {}
-    for item in data["storage"]:
+    for item in data:
         if not (isinstance(item, dict) and item.get("fqn") in tensors and isinstance(item.get("file"), str)
                 and "/" not in item["file"] and item["file"].endswith(".distcp")):
             raise ValueError(f"a storage entry is malformed: {str(item)[:120]}")
         start, length = _ints([item.get("start"), item.get("length")], "a storage entry's start and length")
         offset = _ints(item.get("offset"), "a storage entry's offset")
-        if items == RAW and sizes.get((item["fqn"], tuple(offset))) != length:
-            raise ValueError(f"the storage entry of {item['fqn']!r} at {offset} is {length} bytes long, which is not "
-                             "the size of any of its chunks")
+        if sizes.get((item["fqn"], tuple(offset))) != length:
+            raise ValueError(f"the storage entry of {_name(item['fqn'])} at {short_repr(offset, 80)} is {length} bytes "
+                             "long, which is not the size of any of its chunks")
         storage[MetadataIndex(item["fqn"], offset)] = _StorageInfo(item["file"], start, length)
+    for fqn, offsets in sizes:
+        if MetadataIndex(fqn, offsets) not in storage:
+            raise ValueError(f"the chunk of {_name(fqn)} at {short_repr(list(offsets), 80)} has no storage entry: no "
+                             "shard file holds its bytes")
+    return storage
+
+
+def metadata_from_json(data: Any) -> Metadata:
+    """Parses what `metadata_to_json` wrote back into DCP's metadata, checked whole.
+
+    Raises:
+        ValueError: naming what is malformed (the caller names the file): not this format, chunks
+            that do not tile their tensor, a chunk without its bytes, a size beyond 2**63 bytes.
+        CheckpointError: the chunks are raw bytes in the other byte order.
+    """
+    _check_format(data)
+    tensors = {fqn: _tensor_entry(fqn, entry) for fqn, entry in data["tensors"].items()}
+    storage = _storage_entries(data["storage"], tensors)
     version = data.get("version") if isinstance(data.get("version"), str) else None
-    return ShardMetadata(state_dict_metadata=tensors, storage_data=storage, version=version, items=items)
+    return Metadata(state_dict_metadata=tensors, storage_data=storage, version=version)
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
@@ -230,26 +293,6 @@ class RawWriter(FileSystemWriter):
             os.fsync(f.fileno())
 
 
-class JsonReader(FileSystemReader):
-    """DCP's file reader, given metadata parsed from fittrain's JSON (never unpickled); reads
-    `LEGACY` shard files.
-
-    Args:
-        path: The folder with the shard files.
-        metadata: What `metadata_from_json` returned for its metadata.json.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], metadata: ShardMetadata) -> None:
-        super().__init__(path)
-        self._metadata = metadata
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The parsed metadata (a copy: DCP sets fields on it)."""
-        metadata = dataclasses.replace(self._metadata)
-        metadata.storage_meta = StorageMeta(load_id=self.load_id)
-        return metadata
-
-
 def _span(sizes: tuple[int, ...], offsets: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[int, int] | None:
     """Where a block of a C-order chunk lies, as (first element, count), if it is one contiguous run.
 
@@ -277,23 +320,31 @@ def _read_exact(f: BinaryIO, start: int, into: memoryview, path: str) -> None:
         done += count
 
 
-class RawReader(JsonReader):
-    """Reads raw chunks (`RawWriter`'s files) straight into the tensors they fill.
+class RawReader(FileSystemReader):
+    """Reads raw chunks (`RawWriter`'s files) straight into the tensors they fill, given metadata
+    parsed from fittrain's JSON (never unpickled).
 
     A chunk, or the run of rows of it that this rank needs, is read into its target in one call
     when the target is a dense CPU tensor of the saved dtype; otherwise through a staging tensor.
 
     Args:
         path: The shards folder.
-        metadata: The shards' metadata.
+        metadata: What `metadata_from_json` returned for its metadata.json.
         held: Shard files already open, by name (`CheckpointReader.hold`): read from, not closed.
             Others are opened by path.
     """
 
-    def __init__(self, path: str | os.PathLike[str], metadata: ShardMetadata,
+    def __init__(self, path: str | os.PathLike[str], metadata: Metadata,
                  held: dict[str, BinaryIO] | None = None) -> None:
-        super().__init__(path, metadata)
+        super().__init__(path)
+        self._metadata = metadata
         self._held = held or {}
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The parsed metadata (a copy: DCP sets fields on it)."""
+        metadata = dataclasses.replace(self._metadata)
+        metadata.storage_meta = StorageMeta(load_id=self.load_id)
+        return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Reads every item of this rank's plan, file by file, in file order."""
@@ -334,12 +385,10 @@ class RawReader(JsonReader):
         planner.commit_tensor(item, target)
 
 
-def storage_reader(path: str | os.PathLike[str], metadata: ShardMetadata,
-                   held: dict[str, BinaryIO] | None = None) -> JsonReader:
-    """The reader for shard files stored as `metadata` says (raw ones read from `held` files first)."""
-    if metadata.items == RAW:
-        return RawReader(path, metadata, held)
-    return JsonReader(path, metadata)
+def storage_reader(path: str | os.PathLike[str], metadata: Metadata,
+                   held: dict[str, BinaryIO] | None = None) -> RawReader:
+    """The reader of the shard files in `path` that `metadata` describes (`held` files read first)."""
+    return RawReader(path, metadata, held)
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
