@@ -19,13 +19,14 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from . import collectives, parallel
+from .checkpoint.arguments import check_async_save, check_folder
 from .checkpoint.background import BackgroundCheckpoints
 from .checkpoint.checks import check_model_states
 from .checkpoint.hooks import StateHooks
 from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
-from .checkpoint.restore import apply_state, read_state
+from .checkpoint.restore import apply_state, read_state, undo_new_optimizer_state
 from .checkpoint.model_io import load_model_weights, save_model_weights
 from .checkpoint.sharded import METADATA_PATH, ShardCheck, read_index, read_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
@@ -147,6 +148,8 @@ class CheckpointMethods:
             The folder written (or being written, with `async_save`).
         """
         _refuse_options("save_state", kwargs)
+        check_folder(output_dir, "save_state", "output_dir")
+        check_async_save(async_save, "save_state")
         if safe_serialization is not True:
             raise ValueError("save_state(safe_serialization=False) is not supported: fittrain writes model weights as "
                              f"safetensors, always (nothing is pickled). Received: safe_serialization="
@@ -235,11 +238,12 @@ class CheckpointMethods:
         """`value` from every process, on every process (so that all of them refuse a damaged shard)."""
         return collectives.gather_object(value, self.state)
 
-    def _load_shards(self, reader: CheckpointReader, index: Any, models: int) -> None:
-        """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective)."""
+    def _load_shards(self, reader: CheckpointReader, index: Any, models: int, states: dict[str, Any]) -> None:
+        """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective) into
+        `states`, their live sharded states that `read_state` checked it against."""
         from . import sharded_state
 
-        filled = read_shards(reader, self._sharded_states(models), index)
+        filled = read_shards(reader, states, index)
         for i in range(models):
             sharded_state.load_model_state(self._models[i], filled[f"model_{i}"])
         for i, optimizer in enumerate(self._optimizers):
@@ -323,6 +327,7 @@ class CheckpointMethods:
             The folder loaded.
         """
         _refuse_options("load_state", kwargs)
+        check_folder(input_dir, "load_state", "input_dir")
         if strict is not True:
             raise ValueError("load_state(strict=False) is not supported: a checkpoint loads into the same models, "
                              f"whole, or not at all. Received: strict={strict!r}. To load part of a model's weights, "
@@ -338,18 +343,20 @@ class CheckpointMethods:
 
     def _load_folder(self, source: pathlib.Path) -> str:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
-        with CheckpointReader(source) as reader:  # a sharded load holds its shard files until the end
+        # A sharded load holds its shard files until the end; DCP's optimizer state made for a load
+        # that is then refused is removed again.
+        with CheckpointReader(source) as reader, undo_new_optimizer_state(self._optimizers):
             kept = self._state_hooks.run_load(list(self._models), os.fspath(source), reader)
             parts = self._state_parts(gather=False)
             parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
             # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-            loaded = read_state(reader, parts, self.process_index, self._share)
+            loaded = read_state(reader, parts, self.process_index, self._share, lambda: self._sharded_states(kept))
             check_model_states(reader.path, loaded["models"],
                                [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
             apply_state(
                 loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
                 lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd),
-                lambda index: self._load_shards(reader, index, kept))
+                lambda index, states: self._load_shards(reader, index, kept, states))
         self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
         return os.fspath(source)

@@ -34,12 +34,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
-def _refuse(path: pathlib.Path, problem: str, fix: str) -> CheckpointError:
-    return CheckpointError(f"Checkpoint file {str(path)!r} {problem}. {_NEVER_LOADED} {fix}")
+def _file(path: pathlib.Path, entry: str | None) -> str:
+    """The file for a message, and the entry of it at fault (a sharded checkpoint's values.pt holds several)."""
+    return f"{str(path)!r}" + (f" (entry {entry!r})" if entry else "")
 
 
-def _mismatch(path: pathlib.Path, problem: str, fix: str) -> CheckpointMismatchError:
-    return CheckpointMismatchError(f"Checkpoint file {str(path)!r} {problem}. {_NEVER_LOADED} {fix}")
+def _refuse(path: pathlib.Path, problem: str, fix: str, entry: str | None = None) -> CheckpointError:
+    return CheckpointError(f"Checkpoint file {_file(path, entry)} {problem}. {_NEVER_LOADED} {fix}")
+
+
+def _mismatch(path: pathlib.Path, problem: str, fix: str, entry: str | None = None) -> CheckpointMismatchError:
+    return CheckpointMismatchError(f"Checkpoint file {_file(path, entry)} {problem}. {_NEVER_LOADED} {fix}")
 
 
 def check_meta_fields(path: pathlib.Path, meta: Any) -> None:
@@ -119,14 +124,28 @@ def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str)
                           f"Received: {_short(position)}", damaged)
 
 
-def check_data_states(path: pathlib.Path, states: Any, count: int) -> None:
-    """Checks a rank's data-state file: one dict per loader, each with a valid position."""
+def check_data_states(path: pathlib.Path, states: Any, count: int, loaders: Sequence[Any] = ()) -> None:
+    """Checks a rank's data-state file: one dict per loader, each with a valid position that the
+    prepared loader it will load into can take (`PositionedSource.check_position`: not past the
+    end of its epoch).
+
+    Raises:
+        CheckpointError: naming the file, the loader and the field (damage: "latest" passes over it).
+    """
     damaged = "Load an earlier checkpoint; this one is damaged or was not written by save_state."
     if not (isinstance(states, list) and len(states) == count):
         raise _refuse(path, f"must hold a list of {count} data loader states (as many as accelerator_state.json "
                       f"lists). Received: {_short(states)}", damaged)
     for i, state in enumerate(states):
         _check_position(path, i, state, damaged)
+    for i, (state, loader) in enumerate(zip(states, loaders)):
+        check = getattr(loader, "check_position", None)
+        try:
+            if check is not None:
+                check(state)
+        except ValueError as err:
+            raise _refuse(path, f"holds a position that data loader {i} cannot take: {str(err).rstrip('.')}",
+                          damaged) from None
 
 
 def check_elastic_data(folder: pathlib.Path, states: Sequence[list[dict[str, Any]]], live_n: int) -> None:
@@ -196,51 +215,147 @@ def check_scaler(path: pathlib.Path, state: Any, live: dict[str, Any]) -> None:
                       "Load an earlier checkpoint; this one is damaged.")
 
 
-def check_optimizer(path: pathlib.Path, live: Any, saved: Any, saved_type: str | None) -> None:
+def check_optimizer(path: pathlib.Path, live: Any, saved: Any, saved_type: str | None,
+                    entry: str | None = None) -> None:
     """Refuses an optimizer state that the prepared optimizer could not continue from.
 
     Compares the optimizer class (when the checkpoint records it), the parameter groups' sizes,
-    the hyperparameters the live groups need, and the per-parameter state's keys (when the live
-    optimizer has state). Torch would otherwise load another optimizer's state and fail at the
-    next step, such as with KeyError 'betas' for an SGD state loaded into Adam.
+    the hyperparameters the live groups need and their kinds (a number, a flag, a tuple of
+    numbers), and the per-parameter state's keys (when the live optimizer has state). Torch would
+    otherwise load another optimizer's state and fail at the next step, such as with KeyError
+    'betas' for an SGD state loaded into Adam, or TypeError for lr='evil'. Both checkpoint formats
+    use it: optimizer.pt, and each optimizer's entry of a sharded checkpoint's values.pt (`entry`).
 
     Raises:
-        CheckpointError: naming the file, when it holds no optimizer state dict.
+        CheckpointError: naming the file, when it holds no optimizer state dict, or one whose
+            values are not of the kinds the optimizer uses (damage).
         CheckpointMismatchError: naming the file and the difference.
     """
     fix = "Prepare the same optimizers, over the same parameters, as the run that saved it."
+    damaged = "Load an earlier checkpoint; this one is damaged."
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
     if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                              for g in groups) and isinstance(saved.get("state"), dict)
             and all(isinstance(s, dict) for s in saved["state"].values())):
-        raise _refuse(path, "does not hold an optimizer state dict (with 'state' and 'param_groups')",
-                      "Load an earlier checkpoint; this one is damaged.")
+        raise _refuse(path, "does not hold an optimizer state dict (with 'state' and 'param_groups')", damaged, entry)
+    if not groups:
+        raise _refuse(path, "holds an optimizer state without parameter groups (every optimizer has one at least)",
+                      damaged, entry)
     live_type = type(getattr(live, "optimizer", live)).__name__
     if saved_type is not None and saved_type != live_type:
         raise _mismatch(path, f"holds the state of an optimizer of type {saved_type}, but the prepared "
-                        f"optimizer is of type {live_type}", fix)
+                        f"optimizer is of type {live_type}", fix, entry)
     live_sizes, saved_sizes = [len(g["params"]) for g in live.param_groups], [len(g["params"]) for g in groups]
     if saved_sizes != live_sizes:
         raise _mismatch(path, f"holds an optimizer with parameter groups of sizes {saved_sizes}, but the "
-                        f"prepared optimizer has {live_sizes}", fix)
+                        f"prepared optimizer has {live_sizes}", fix, entry)
     for i, (live_group, saved_group) in enumerate(zip(live.param_groups, groups)):
         # Flags (bools, None) missing from an older torch's state are filled in by load_state_dict.
         missing = sorted(k for k, v in live_group.items()
                          if k not in saved_group and v is not None and not isinstance(v, bool))
         if missing:
             raise _mismatch(path, f"holds parameter group {i} without the hyperparameters {missing} that "
-                            f"the prepared {live_type} needs: it was saved from another optimizer type", fix)
-    _check_state_keys(path, live, saved["state"], live_type, fix)
+                            f"the prepared {live_type} needs: it was saved from another optimizer type", fix, entry)
+        for key, value in live_group.items():
+            if key != "params" and key in saved_group and not _same_kind(value, saved_group[key]):
+                raise _refuse(path, f"holds parameter group {i} with {key}={_short(saved_group[key])}, where the "
+                              f"prepared {live_type} has {_kind(value)}", damaged, entry)
+    _check_state_keys(path, live, saved["state"], live_type, fix, entry)
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.dtype.is_complex and value.dtype != torch.bool
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _same_kind(live: Any, saved: Any) -> bool:
+    """Whether a saved value can stand where the live run has `live`: a number for a number, a flag
+    for a flag, a sequence of as many for a tuple (values.pt keeps tuples as lists), a string for
+    a string. None in the live run is a setting torch fills in as it likes (foreach, fused)."""
+    if live is None:
+        return True
+    if isinstance(live, bool):
+        return isinstance(saved, bool)
+    if _is_number(live):
+        return _is_number(saved)
+    if isinstance(live, (list, tuple)):
+        return (isinstance(saved, (list, tuple)) and len(saved) == len(live)
+                and all(_same_kind(a, b) for a, b in zip(live, saved)))
+    if isinstance(live, str):
+        return isinstance(saved, str)
+    return True
+
+
+def _kind(live: Any) -> str:
+    """What `_same_kind` accepts in place of `live`, for messages."""
+    if isinstance(live, bool):
+        return f"a flag ({live})"
+    if _is_number(live):
+        return f"a number ({_short(live)})"
+    if isinstance(live, (list, tuple)):
+        return f"a sequence of {len(live)} ({_short(live)})"
+    return f"a {type(live).__name__} ({_short(live)})"
 
 
 def _check_state_keys(path: pathlib.Path, live: Any, saved_state: dict[Any, dict], live_type: str,
-                      fix: str) -> None:
+                      fix: str, entry: str | None) -> None:
     """Compares the keys of the per-parameter state, when both the saved and live optimizers have some."""
     saved_keys = set().union(*(s.keys() for s in saved_state.values()))
     live_keys = set().union(*(s.keys() for s in live.state.values() if isinstance(s, dict)))
     if saved_keys and live_keys and saved_keys != live_keys:
         raise _mismatch(path, f"holds per-parameter optimizer state with keys {sorted(map(str, saved_keys))}, "
-                        f"but the prepared {live_type} keeps {sorted(map(str, live_keys))}", fix)
+                        f"but the prepared {live_type} keeps {sorted(map(str, live_keys))}", fix, entry)
+
+
+def check_group_members(path: pathlib.Path, entry: str, live_groups: list[dict], saved_groups: list[dict]) -> None:
+    """Refuses parameter groups, keyed by parameter name (a sharded checkpoint), over other parameters
+    than the live groups of the same sizes: their hyperparameters would load onto the wrong ones.
+
+    Raises:
+        CheckpointMismatchError: naming the file, the group and a parameter that moved.
+    """
+    for i, (live_group, saved_group) in enumerate(zip(live_groups, saved_groups)):
+        moved = sorted(set(map(str, saved_group["params"])) ^ set(map(str, live_group["params"])))
+        if moved:
+            raise _mismatch(path, f"holds parameter group {i} over other parameters than the prepared optimizer's "
+                            f"group {i} (e.g. {_short(moved[0])} is in one of them only)",
+                            "Prepare the same optimizers, with the same parameter groups, as the run that saved it.",
+                            entry)
+
+
+def check_saved_values(path: pathlib.Path, entry: str, live: Any, saved: Any) -> None:
+    """Refuses a sharded checkpoint's values.pt entry that does not fit the live state it will be
+    merged into (`sharded.merge_values`): containers of another kind or length, names the run does
+    not have, a value where the run holds a tensor (the tensors come from the shards), or a value
+    of another kind (`_same_kind`).
+
+    Raises:
+        CheckpointError: naming the file and the path of the first misfit (damage).
+    """
+    pending = [(entry, live, saved)]
+    while pending:
+        where, live_value, saved_value = pending.pop()
+        if isinstance(live_value, torch.Tensor):
+            problem = None if saved_value is None else "a value where the shards hold a tensor"
+        elif isinstance(live_value, dict):
+            unknown = [k for k in saved_value if k not in live_value] if isinstance(saved_value, dict) else []
+            problem = "not a dict" if not isinstance(saved_value, dict) else None
+            if unknown:  # named by its path, not by the whole dict around it
+                where, saved_value = f"{where}/{unknown[0]}", saved_value[unknown[0]]
+                problem = "a name this run does not have"
+            elif problem is None:
+                pending.extend((f"{where}/{k}", live_value[k], v) for k, v in saved_value.items())
+        elif isinstance(live_value, (list, tuple)):
+            fits = isinstance(saved_value, (list, tuple)) and len(saved_value) == len(live_value)
+            problem = None if fits else f"not a list of {len(live_value)}"
+            if fits:
+                pending.extend((f"{where}/{k}", a, b) for k, (a, b) in enumerate(zip(live_value, saved_value)))
+        else:
+            problem = None if _same_kind(live_value, saved_value) else f"not {_kind(live_value)}"
+        if problem:
+            raise _refuse(path, f"holds at {where!r} {_short(saved_value)}: {problem}",
+                          "Load an earlier checkpoint; this one is damaged.")
 
 
 def check_model_states(folder: pathlib.Path, loaded: Sequence[dict[str, torch.Tensor]],

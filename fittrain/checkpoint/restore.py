@@ -8,14 +8,15 @@ checkpoint therefore changes nothing. Nothing is ever read by unpickling arbitra
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from . import checks
 from .errors import CheckpointError, CheckpointMismatchError
 from .reader import CheckpointReader
 from .rng import derive_rank_state, restore_rng_state
-from .sharded import ShardCheck, read_index, saved_indices
+from .sharded import VALUES_NAME, ShardCheck, check_against, merge_values, read_index, saved_indices, split_tensors
 from .snapshot import META_NAME, StateParts, indexed_name
 
 
@@ -49,7 +50,7 @@ def _read_rng_states(reader: CheckpointReader, processes: int, rank: int) -> Any
 
 
 def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count: int,
-                      live_processes: int | None = None) -> list[Any]:
+                      live_processes: int | None = None, loaders: Sequence[Any] = ()) -> list[Any]:
     """Reads and checks every rank's data-state file (small), returning this rank's loader states.
 
     On another number of processes (`live_processes`) every rank continues from process 0's
@@ -66,7 +67,7 @@ def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count
                 "load only its weights with "
                 "fittrain.checkpoint.load_model_weights.")
         states = reader.read_torch(name)
-        checks.check_data_states(reader.path / name, states, count)
+        checks.check_data_states(reader.path / name, states, count, loaders)
         every.append(states)
     if live_processes is not None and live_processes != processes:
         checks.check_elastic_data(reader.path, every, live_processes)
@@ -115,7 +116,8 @@ def _read_shards(reader: CheckpointReader, parts: StateParts, meta: dict[str, An
 
 
 def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
-               share: Callable[[Any], list[Any]] = lambda value: [value]) -> dict[str, Any]:
+               share: Callable[[Any], list[Any]] = lambda value: [value],
+               live_shards: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Reads and checks every file this process needs, without changing any live object.
 
     accelerator_state.json comes first (another process count or precision is refused before the
@@ -125,7 +127,11 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
 
     A sharded checkpoint's shards are checked (metadata, checksums) but read only by `apply_state`:
     DCP reads them straight into the live shards. `share` gathers a value from every process
-    (all_gather_object), so that all of them refuse a damaged shard together.
+    (all_gather_object), so that all of them refuse a damaged shard together. `live_shards`
+    returns the live models' and optimizers' sharded states (`write_shards`' form), which the
+    shards' metadata and values.pt are checked against as strictly as full files (`_check_shards`);
+    they are kept for `apply_state` to fill. Describing an optimizer that has no state yet makes
+    DCP create it: run the load under `undo_new_optimizer_state`.
 
     Returns:
         The loaded pieces, to hand to `apply_state` once all of them proved intact.
@@ -150,13 +156,58 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
         "rng": _read_rng_states(reader, meta["num_processes"], rank),
         "data": _read_data_states(reader, meta["num_processes"], rank, len(meta["dataloaders"]),
-                                  parts.accelerator_state["num_processes"]),
+                                  parts.accelerator_state["num_processes"], parts.dataloaders),
         "meta": meta, "folder": reader.path, "names": names, "rank": rank,
     }
     _check_loaded(reader.path, loaded, parts)
     if check is not None:
         check.wait(share)
+    loaded["live_shards"] = live_shards() if shards is not None and live_shards is not None else None
+    if loaded["live_shards"] is not None:
+        _check_shards(reader.path, loaded, parts)
     return loaded
+
+
+def _check_shards(folder: pathlib.Path, loaded: dict[str, Any], parts: StateParts) -> None:
+    """Checks a sharded checkpoint's values.pt and shards against the live states they will load
+    into: each optimizer's entry as the full format checks optimizer.pt (`checks.check_optimizer`),
+    its groups' parameter names, the rest of every entry (`checks.check_saved_values`), and every
+    live tensor's name, shape and dtype in the metadata (`sharded.check_against`)."""
+    (metadata, values), live = loaded["shards"], loaded["live_shards"]
+    path, types = folder / VALUES_NAME, loaded["meta"].get("optimizer_types")
+    for name, state in live.items():
+        saved = values.get(name, {})
+        if name.startswith("optimizer_"):
+            i = int(name.rpartition("_")[2])
+            saved_type = types[i] if isinstance(types, list) and len(types) > i and isinstance(types[i], str) else None
+            # What will load: the live tensors with the saved values (an entry without both parts is damaged).
+            whole = isinstance(saved, dict) and {"state", "param_groups"} <= saved.keys()
+            view = merge_values(state, saved) if whole else saved
+            checks.check_optimizer(path, parts.optimizers[i], view, saved_type, entry=name)
+            checks.check_group_members(path, name, state["param_groups"], view["param_groups"])
+            state, saved, name = state["state"], saved["state"], f"{name}/state"
+        checks.check_saved_values(path, name, state, saved)
+    tensors: dict[str, Any] = {}
+    for name, state in live.items():
+        split_tensors(state, name, tensors)
+    check_against(folder, metadata, tensors)
+
+
+@contextlib.contextmanager
+def undo_new_optimizer_state(optimizers: Sequence[Any]) -> Iterator[None]:
+    """Empties again, if the block raises, the state of the optimizers that had none when it began.
+
+    DCP creates a fresh optimizer's state (a step at lr 0) to describe or load it; a load that is
+    refused afterwards must not leave that state behind, or the run's first real step would count
+    as its second (AdamW's bias correction, for one).
+    """
+    fresh = [inner for inner in (getattr(o, "optimizer", o) for o in optimizers) if not inner.state]
+    try:
+        yield
+    except BaseException:
+        for inner in fresh:
+            inner.state.clear()
+        raise
 
 
 def _check_loaded(folder: pathlib.Path, loaded: dict[str, Any], parts: StateParts) -> None:
@@ -174,7 +225,7 @@ def _check_loaded(folder: pathlib.Path, loaded: dict[str, Any], parts: StatePart
 
 def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[[int, dict], None],
                 load_optimizer: Callable[[int, dict], None],
-                load_shards: Callable[[Any], None] | None = None) -> None:
+                load_shards: Callable[[Any, Any], None] | None = None) -> None:
     """Restores live objects from `read_state`'s result, RNG last so nothing draws after it.
 
     Schedulers, registered objects and data loaders load first, all or none: their own
@@ -182,7 +233,7 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
     already loaded get their previous state back and `CheckpointError` names the file, before any
     model, optimizer or RNG is touched. What follows was fully checked by `read_state`. Models and optimizers load through
     callables, which reshard full states under FSDP2; a sharded checkpoint's through `load_shards`
-    (given `read_state`'s metadata; DCP reshards).
+    (given `read_state`'s index and the live sharded states it checked; DCP reshards).
     """
     names = loaded["names"]
     # Across process counts every rank continues from process 0's loader states.
@@ -194,7 +245,7 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
         *((data_file, dl, state) for dl, state in zip(parts.dataloaders, loaded["data"]))])
     parts.precision.load_state_dict(loaded["scaler"])
     if loaded["shards"] is not None and load_shards is not None:
-        load_shards(loaded["shards"])
+        load_shards(loaded["shards"], loaded["live_shards"])
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
     for i, state in enumerate(loaded["optimizers"]):

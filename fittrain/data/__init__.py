@@ -17,8 +17,8 @@ replayed on resume); seedable (use_seedable_sampler: an order from data_seed + e
 (SampleDealer, BatchDealer: an epoch's batches dealt to ranks); streams (StreamShard: worker
 order, look-ahead, pass state); stream_workers (RankStream: the rounds read in each worker);
 stream_state (which streams resume from their own state); batches (BatchesShard); skipping
-(SkippedDataLoader); workers (per-batch seeding in DataLoader workers); devices
-(send_to_device, batch_size_of); prepare (Accelerate's `prepare_data_loader` function).
+(SkippedDataLoader; check_skip_count, the one check of a skip count); workers (per-batch seeding in
+DataLoader workers); devices (send_to_device, batch_size_of); prepare (Accelerate's `prepare_data_loader` function).
 """
 
 from .batches import BatchesShard, check_batches
@@ -27,8 +27,9 @@ from .map_style import DataLoaderShard
 from .position import DataPosition, PositionedSource
 from .prepare import prepare_data_loader
 from .seedable import SeedableRandomSampler
-from .skipping import SkippedDataLoader
+from .skipping import SkippedDataLoader, check_skip_count
 from .streams import StreamShard
 
 __all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SeedableRandomSampler",
-           "SkippedDataLoader", "StreamShard", "batch_size_of", "check_batches", "prepare_data_loader", "send_to_device"]
+           "SkippedDataLoader", "StreamShard", "batch_size_of", "check_batches", "check_skip_count",
+           "prepare_data_loader", "send_to_device"]

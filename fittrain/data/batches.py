@@ -97,6 +97,9 @@ class BatchesShard(PositionedSource):
             return position.start_items
         return self._dealer.consumed(taken, len(self.base_loader), position.start_items)
 
+    def _epoch_items(self) -> int:
+        return len(self.base_loader)
+
     def _rank_batches(self, start: int) -> Iterator[Any]:
         """This rank's batches of the epoch's rest, batches `start`.. (all of it for start 0)."""
         n, world, rank = len(self.base_loader), self.num_processes, self.process_index

@@ -240,6 +240,9 @@ class DataLoaderShard(PositionedSource):
     def _items_per_round(self) -> int:
         return self.dealer.round_size if isinstance(self.dealer, SampleDealer) else self.num_processes
 
+    def _epoch_items(self) -> int:
+        return self.dealer.declared
+
     def _order_consumed(self) -> int | None:
         position = self.position
         taken = position.batches_consumed - position.start_batch

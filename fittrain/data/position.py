@@ -172,8 +172,42 @@ class PositionedSource:
         """
         self._set_position(self._position_from(state))
 
+    def _epoch_items(self) -> int | None:
+        """Items (`_unit`) in an epoch's order, or None when unknown before the pass ends (a stream)."""
+        return None
+
+    def check_position(self, state: dict[str, Any]) -> None:
+        """Raises ValueError when a saved state's position lies past the end of this loader's epoch.
+
+        A checkpoint is checked with it before anything is loaded (`checkpoint.checks`), so a
+        damaged data-state file is refused instead of leaving a loader at batch 10**9. On the number
+        of processes that saved it, at most the batches of this rank's epoch can have been consumed
+        (a pass re-dealt from `start_items` has its own length); on another number, each batch takes
+        one item of the order at least. A stream's length is unknown until it ends: it has no bound.
+
+        Args:
+            state: A `state_dict()` whose fields have the right types (ints; order_consumed may be None).
+        """
+        items = self._epoch_items()
+        if items is None:
+            return
+        start_items = int(state.get("start_items", 0))
+        if int(state.get("num_processes", self.num_processes)) == self.num_processes:
+            most = int(state.get("start_batch", 0)) + -(-max(items - start_items, 0) // self._items_per_round())
+        else:
+            most = int(state.get("start_batch", 0)) + items
+        bounds = {"order_consumed": items, "start_items": items, "start_batch": items, "batches_consumed": most}
+        for name, limit in bounds.items():
+            value = state.get(name)
+            if isinstance(value, int) and value > limit:
+                raise ValueError(
+                    f"The loader state's {name}={value} lies past the end of an epoch of this loader ({len(self)} "
+                    f"batches on this process, {items} {self._unit} in its order; at most {limit} here). Load a "
+                    "state this loader saved, with the same dataset, batch size and number of processes.")
+
     def _position_from(self, state: dict[str, Any]) -> DataPosition:
         """The position `state` puts this rank at (see `load_state_dict`); changes nothing."""
+        self.check_position(state)
         saved = int(state.get("num_processes", self.num_processes))  # absent before elastic resume
         seed, epoch = int(state["seed"]), int(state["epoch"])
         if saved == self.num_processes:

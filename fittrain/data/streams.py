@@ -110,6 +110,9 @@ class StreamShard(PositionedSource):
         the live pass state changes with every batch."""
         return {**super().state_dict(), "stream": copy.deepcopy(self._pass)}
 
+    # No `_epoch_items`: a stream's length is known only once it ends, so a saved position in it
+    # cannot be bounded before it is read (`PositionedSource.check_position` lets it through).
+
     def _order_consumed(self) -> int | None:
         # Each rank read its own share of the pass: only a pass not begun can start on other ranks.
         return 0 if self.position.batches_consumed == 0 else None
