@@ -43,7 +43,8 @@ class LocalSGD:
     Args:
         accelerator: The Accelerator that prepared `model`.
         model: The prepared model whose parameters are averaged.
-        local_sgd_steps: Optimizer steps between two averages (call `step()` after each).
+        local_sgd_steps: Optimizer steps between two averages (call `step()` after each); may be
+            None when `enabled` is False.
         enabled: False turns it off: gradients sync every step as usual, nothing is averaged.
 
     Raises:
@@ -51,14 +52,16 @@ class LocalSGD:
         ValueError: for a `local_sgd_steps` that is not a positive int, or an `enabled` that is not a bool.
     """
 
-    def __init__(self, accelerator: "Accelerator", model: torch.nn.Module, local_sgd_steps: int,
+    def __init__(self, accelerator: "Accelerator", model: torch.nn.Module, local_sgd_steps: int | None,
                  enabled: bool = True) -> None:
-        if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
+        if not isinstance(enabled, bool):
+            raise ValueError(f"`LocalSGD(enabled=...)` must be True or False. Received: enabled={short_repr(enabled)}.")
+        bad_steps = isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1
+        # Disabled, it may have no count: Accelerate's example passes enabled=local_sgd_steps is not None.
+        if bad_steps and (enabled or local_sgd_steps is not None):
             raise ValueError("`LocalSGD(local_sgd_steps=...)` must be a positive int, the optimizer steps between two "
                              f"averages. Received: local_sgd_steps={short_repr(local_sgd_steps)}. Pass e.g. "
                              "local_sgd_steps=8.")
-        if not isinstance(enabled, bool):
-            raise ValueError(f"`LocalSGD(enabled=...)` must be True or False. Received: enabled={short_repr(enabled)}.")
         kind = accelerator.distributed_type
         if kind not in _SUPPORTED:
             raise NotImplementedError(

@@ -31,3 +31,10 @@ def test_local_sgd_steps_must_be_a_positive_int(steps) -> None:
 def test_enabled_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match=r"LocalSGD\(enabled=...\).*Received: enabled='yes'"):
         LocalSGD(Accelerator(cpu=True), torch.nn.Linear(2, 2), local_sgd_steps=2, enabled="yes")
+
+
+def test_disabled_it_takes_no_step_count() -> None:
+    # Accelerate's by_feature/local_sgd.py passes enabled=local_sgd_steps is not None.
+    with LocalSGD(Accelerator(cpu=True), torch.nn.Linear(2, 2), local_sgd_steps=None, enabled=False) as local_sgd:
+        local_sgd.step()
+    assert local_sgd.enabled is False

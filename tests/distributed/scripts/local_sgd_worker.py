@@ -38,10 +38,11 @@ def train(acc: Accelerator) -> dict[str, list[torch.Tensor]]:
     with LocalSGD(acc, model, local_sgd_steps=2) as local_sgd:
         for step in range(1, 5):
             x = torch.randn(8, 4, generator=data)
-            loss = model(x).sub(x.sum(1, keepdim=True)).pow(2).mean()
-            acc.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            with acc.accumulate(model):  # as Accelerate's by_feature/local_sgd.py
+                loss = model(x).sub(x.sum(1, keepdim=True)).pow(2).mean()
+                acc.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
             if step % 2 == 0:
                 before_average.append(flat(model))
             local_sgd.step()
