@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from . import consolidate, launch_config, slurm
+from . import consolidate, launch_config, launch_guard, slurm
 from .launch_config import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from .parallel import STRATEGIES, STRATEGY_ENV
 from .precision import PRECISIONS
@@ -274,13 +274,15 @@ def _run_launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from .preemption import forwarding_to_workers
+    from .preemption import forwarding_to_workers, launcher_signals, torchrun_signal_args
 
     argv = torchrun_argv(args, args.parser)
-    os.environ.update(launch_config.worker_environment(args))  # Inherited by every worker torchrun starts.
+    # Inherited by every worker torchrun starts; the guard makes the workers die with this process.
+    os.environ.update({**launch_config.worker_environment(args), **launch_guard.launcher_environment()})
+    forwarded = launcher_signals()  # SIGUSR1 (SLURM's --signal=USR1@90) and SIGTERM: the workers save
     try:
-        with forwarding_to_workers():  # SLURM's --signal=USR1@90 reaches the launcher; the workers act on it
-            torchrun.main(argv)
+        with forwarding_to_workers(forwarded):
+            torchrun.main(torchrun_signal_args(forwarded) + argv)
     except ChildFailedError as error:
         print(error.format_msg(), file=sys.stderr)
         return exit_code(error)

@@ -14,6 +14,7 @@ FITTRAIN_SLURM_REQUEUE=0 to save and exit without requeueing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import signal
@@ -31,6 +32,9 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
 #: it causes requeues the job. SIGTERM is what scancel sends, and a cancelled job must stay so.
 REQUEUE_SIGNAL = signal.SIGUSR1
 
+
+# What torchrun handles itself by default (its --signals-to-handle), stopping the workers with it.
+_TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 # The kernel delivers these without asking the process: no handler can catch them.
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
@@ -180,29 +184,68 @@ def _child_pids() -> list[int]:
     return pids
 
 
+def launcher_signals() -> tuple[signal.Signals, ...]:
+    """The signals `fittrain launch` passes on to its workers itself, rather than leaving to torchrun.
+
+    SIGUSR1 always (torchrun would die of it). SIGTERM when torchrun can be told to leave it alone
+    (its `--signals-to-handle`, torch 2.9 and later) and the workers can be found (Linux's /proc):
+    torchrun's own SIGTERM handling stops the workers the same way, but then exits 143 and kills
+    any worker still saving after its shutdown timeout (30 s). Forwarded, the workers save and exit
+    75 in their own time, and the launcher exits with their 75.
+    """
+    from torch.distributed.launcher.api import LaunchConfig
+
+    takes_sigterm = "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)}
+    if takes_sigterm and pathlib.Path(f"/proc/{os.getpid()}/task").is_dir():
+        return (REQUEUE_SIGNAL, signal.SIGTERM)
+    return (REQUEUE_SIGNAL,)
+
+
+def torchrun_signal_args(forwarded: Iterable[signal.Signals]) -> list[str]:
+    """torchrun's flag that leaves the `forwarded` signals to the launcher (none when it handles all)."""
+    if signal.SIGTERM not in forwarded:
+        return []
+    return ["--signals-to-handle", ",".join(s for s in _TORCHRUN_SIGNALS if s != "SIGTERM")]
+
+
 @contextlib.contextmanager
-def forwarding_to_workers(sig: signal.Signals = REQUEUE_SIGNAL) -> Iterator[None]:
-    """While active, `sig` sent to this launcher process is passed on to its worker processes.
+def forwarding_to_workers(signals: Iterable[signal.Signals] = (REQUEUE_SIGNAL,)) -> Iterator[None]:
+    """While active, the `signals` sent to this launcher process are passed on to its worker processes.
 
     SLURM's `--signal=USR1@90` signals the tasks that srun started. With one `fittrain launch` per
-    node, that task is the launcher: torchrun handles SIGTERM (it stops its workers with it) but
-    not SIGUSR1, whose default action would kill the launcher and then the whole step, workers
-    mid-save included. Forwarding lets the workers save, requeue and exit 75. A worker that also
-    gets the signal directly (SLURM's cgroup process tracking signals every process of the step)
-    only sets its flag twice. Workers are found in /proc (Linux); elsewhere the launcher only
-    survives the signal.
+    node, that task is the launcher: torchrun does not handle SIGUSR1, whose default action would
+    kill the launcher and then the whole step, workers mid-save included. SIGTERM (srun, scancel,
+    docker stop) is forwarded too when `launcher_signals` says torchrun leaves it to us. Forwarding
+    lets the workers save (and requeue) and exit 75, which torchrun then reports as the job's exit
+    code. A worker that also gets the signal directly (SLURM's cgroup process tracking signals
+    every process of the step) only sets its flag twice. Workers are found in /proc (Linux);
+    elsewhere the launcher only survives SIGUSR1.
+
+    A SIGTERM that finds no worker (before torchrun started them), or a second SIGTERM, is handed
+    to torchrun's own handling: it stops the workers (SIGKILL after its shutdown timeout) and
+    the launcher exits 143, so a launcher whose script ignores SIGTERM still ends when asked twice.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    terminated = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        for pid in _child_pids():
+        nonlocal terminated
+        workers = _child_pids()
+        if signum == signal.SIGTERM and (terminated or not workers):
+            from torch.distributed.elastic.multiprocessing import SignalException
+
+            # What torchrun's own handler raises: its agent then stops the workers.
+            raise SignalException(f"Process {os.getpid()} got signal: SIGTERM", sigval=signal.SIGTERM)
+        terminated = terminated or signum == signal.SIGTERM
+        for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    previous = signal.signal(sig, forward)
+    previous = {sig: signal.signal(sig, forward) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(sig, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

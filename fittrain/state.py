@@ -19,6 +19,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 import torch.distributed as dist
 
+from .launch_guard import guard_worker
 from .slurm import slurm_process
 from .teardown import leave_process_group
 
@@ -184,6 +185,7 @@ class ProcessState:
         Raises:
             ValueError: when torchrun's (or SLURM's) variables are malformed or incomplete.
         """
+        guard_worker()  # a `fittrain launch` worker dies with its launcher, even one killed by SIGKILL
         world_size, rank, local_rank, launcher_init = _launcher_facts()
         device = _pick_device(cpu, local_rank)
         chosen, backend = backend, None
