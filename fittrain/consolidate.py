@@ -18,15 +18,35 @@ from typing import Any
 import torch
 
 from .checkpoint.errors import CheckpointError
-from .checkpoint.model_io import save_model_weights
+from .checkpoint.model_io import parse_size, save_model_weights
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.sharded import read_index, read_tensors, saved_indices, shard_files
 from .checkpoint.snapshot import indexed_name
+from .events import short_repr
 
 
 def _placeholder(entry: Any) -> torch.Tensor:
     """A tensor with the saved size and dtype that holds no memory (for planning the output files)."""
     return torch.empty((), dtype=entry.properties.dtype).expand(*entry.size)
+
+
+def _check_arguments(out: str | pathlib.Path, model: Any, max_shard_size: int | str) -> None:
+    """Refuses bad arguments before the checkpoint is read (which may take minutes)."""
+    if not isinstance(model, int) or isinstance(model, bool):
+        raise TypeError(f"`model` must be an int: which prepared model, in prepare() order. Received: model="
+                        f"{short_repr(model)} ({type(model).__name__}). Pass e.g. model=0.")
+    if model < 0:
+        raise ValueError(f"`model` must be an int of 0 or more: which prepared model, in prepare() order. Received: "
+                         f"model={model}. Pass e.g. model=0.")
+    parse_size(max_shard_size)
+    path = pathlib.Path(out)
+    for folder in (path, *path.parents):  # the nearest one that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                where = "which is a file" if folder == path else f"inside {str(folder)!r}, which is a file"
+                raise FileExistsError(f"`out` must be a folder to write the weights into (created if missing). "
+                                      f"Received: out={str(path)!r}, {where}. Pass the path of a folder.")
+            return
 
 
 def consolidate(checkpoint: str | pathlib.Path, out: str | pathlib.Path, model: int = 0,
@@ -37,9 +57,12 @@ def consolidate(checkpoint: str | pathlib.Path, out: str | pathlib.Path, model: 
         The files written.
 
     Raises:
+        TypeError, ValueError: `model` is not an index, or `max_shard_size` not a size.
+        FileExistsError: `out` is a file, or lies inside one.
         FileNotFoundError: the checkpoint folder does not exist.
         CheckpointError: a file is missing or damaged, or the checkpoint has no model `model`.
     """
+    _check_arguments(out, model, max_shard_size)
     reader = CheckpointReader(checkpoint)
     full_name = indexed_name("model", model, "safetensors")
     if reader.has(full_name):  # a full checkpoint: its weights are whole already

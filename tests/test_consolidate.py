@@ -17,6 +17,7 @@ from torch import nn
 
 from fittrain import Accelerator
 from fittrain.cli import main
+from fittrain.consolidate import consolidate
 
 
 def _consolidate(*args: str) -> subprocess.CompletedProcess:
@@ -81,3 +82,23 @@ def test_bad_input_is_named_and_nothing_is_written(tmp_path: pathlib.Path, capsy
     assert not (tmp_path / "out").exists()
     code, err = _main(capsys, str(tmp_path / "missing"), str(tmp_path / "out"))
     assert code == 1 and "does not exist" in err
+
+
+@pytest.mark.parametrize("model, error", [("0", TypeError), (True, TypeError), (0.0, TypeError), (-1, ValueError)])
+def test_a_model_that_is_not_an_index_is_named_before_anything_is_read(tmp_path: pathlib.Path, model: object,
+                                                                       error: type) -> None:
+    with pytest.raises(error, match=rf"`model` must be .*int.* Received: model={model!r}"):
+        consolidate(tmp_path / "missing", tmp_path / "out", model=model)  # a missing checkpoint: checked first
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("state_dict_type", ["sharded", "full"])
+def test_an_out_that_is_a_file_is_named_before_anything_is_read(tmp_path: pathlib.Path, state_dict_type: str,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    _checkpoint(tmp_path / "ckpt", state_dict_type)
+    (tmp_path / "out").write_text("notes")
+    with pytest.raises(FileExistsError, match=r"`out` must be a folder.* Received: out='.*out', which is a file"):
+        consolidate(tmp_path / "ckpt", tmp_path / "out")
+    assert (tmp_path / "out").read_text() == "notes"
+    code, err = _main(capsys, str(tmp_path / "ckpt"), str(tmp_path / "out" / "inner"))
+    assert code == 1 and "which is a file" in err, err
