@@ -406,6 +406,7 @@ def test_trainer_resume_latest_goes_through_the_same_checks(tmp_path):
     """Trainer(resume_from="latest") skips the hostile newest checkpoint the same way."""
     from fittrain import Callback, Trainer, TrainModule
     from fittrain.callbacks import Checkpointer
+    from fittrain.checkpoint.run_folders import run_folder
 
     class Line(TrainModule):
         def __init__(self) -> None:
@@ -421,7 +422,7 @@ def test_trainer_resume_latest_goes_through_the_same_checks(tmp_path):
     x = torch.randn(8, 2)
     data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
     Trainer(max_steps=2, project_dir=tmp_path, callbacks=[Checkpointer(every_n_steps=1)]).fit(Line(), data)
-    root = tmp_path / "checkpoints"
+    root = run_folder(tmp_path)  # the run's checkpoints
     (root / "checkpoint_1" / "manifest.json").write_bytes(nested(100_000))
     seen = []
 
