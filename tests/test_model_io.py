@@ -154,6 +154,20 @@ def test_index_naming_a_missing_shard_is_an_error(tmp_path):
         load_model_weights(tmp_path)
 
 
+@pytest.mark.parametrize("index", [
+    "[" * 100_000 + "]" * 100_000,  # deeper than the JSON decoder's recursion
+    '{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"weight_map": ["model-00001-of-00002.safetensors"]}',
+    '{"weight_map": {"w": 5}}',
+])
+def test_a_damaged_index_is_named(tmp_path, index):
+    save_model_weights(_state_dict(count=6, size=100), tmp_path, max_shard_size="1KB")
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=r"Index file .*model\.safetensors\.index\.json' is damaged") as info:
+        load_model_weights(tmp_path)
+    assert len(str(info.value)) < 400, str(info.value)
+
+
 def test_bad_state_dict_values_are_refused_before_writing(tmp_path):
     with pytest.raises(TypeError, match="'step'.*int"):
         save_model_weights({"w": torch.zeros(1), "step": 3}, tmp_path)

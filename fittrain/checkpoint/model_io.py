@@ -254,9 +254,14 @@ def _load_sharded(index_path: pathlib.Path, family: _Family) -> dict[str, torch.
         shard_names = list(dict.fromkeys(weight_map.values()))
         if not all(isinstance(n, str) and family.owns(n) for n in shard_names):
             raise ValueError(f"shard names must look like {family.shard(1, 2)!r}")
+    except RecursionError:  # the JSON decoder recurses once per level of nesting
+        raise CheckpointError(
+            f"Index file {str(index_path)!r} is damaged: it is nested too deeply to be an index. "
+            "Save the model again."
+        ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(
-            f"Index file {str(index_path)!r} is damaged: {err!r}. Save the model again."
+            f"Index file {str(index_path)!r} is damaged: {type(err).__name__}: {_brief(err)[:200]}. Save the model again."
         ) from err
     tensors: dict[str, torch.Tensor] = {}
     for name in shard_names:
