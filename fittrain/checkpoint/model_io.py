@@ -261,7 +261,8 @@ def _load_sharded(index_path: pathlib.Path, family: _Family) -> dict[str, torch.
         ) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(
-            f"Index file {str(index_path)!r} is damaged: {type(err).__name__}: {_brief(err)[:200]}. Save the model again."
+            f"Index file {str(index_path)!r} is damaged: {type(err).__name__}: {_brief(err)[:200]}. "
+            "Save the model again."
         ) from err
     tensors: dict[str, torch.Tensor] = {}
     for name in shard_names:
