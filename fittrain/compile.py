@@ -18,7 +18,8 @@ are cast to float32 after it. Under FSDP2 the innermost sharded units are compil
 the root (`compile_targets`).
 
 `torch._dynamo` costs about a second to import, so this module imports it only when a model is
-compiled or a backend name is checked: `import fittrain`, and prepare without compile, never pay it.
+compiled or a backend name is checked (`torch._inductor`, when an inductor mode is checked): `import
+fittrain`, and prepare without compile, never pay it.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def check_compile(value: Any, argument: str = "compile") -> dict[str, Any] | Non
 
     Raises:
         TypeError: for a value that is not a bool, a dict or None.
-        ValueError: for a key torch.compile does not take, or a backend name it does not know.
+        ValueError: for a key torch.compile does not take, a backend name it does not know, an
+            inductor mode it does not know, or both a mode and options.
     """
     if value is None or value is False:
         return None
@@ -126,7 +128,26 @@ def check_compile(value: Any, argument: str = "compile") -> dict[str, Any] | Non
                          f"{_short(value)}. Accepted keys: {', '.join(COMPILE_OPTIONS)}.")
     if isinstance(value.get("backend"), str):
         check_backend_name(value["backend"], f"{argument}['backend']")
+    _check_mode(value, argument)
     return dict(value)
+
+
+def _check_mode(value: dict[str, Any], argument: str) -> None:
+    """Refuses what torch.compile would refuse at the first step: an unknown inductor mode, or a mode
+    together with inductor options. Another backend receives the mode itself and may define its own."""
+    mode = value.get("mode")
+    if mode is not None and value.get("options") is not None:
+        raise ValueError(f"`{argument}` holds both 'mode' and 'options', which torch.compile does not take together. "
+                         f"Received: {argument}={_short(value)}. Pass one: a mode, or inductor's options.")
+    if mode is None or value.get("backend", "inductor") != "inductor":
+        return
+    from torch._inductor import list_mode_options  # lazily: see the module docstring
+
+    modes = list(list_mode_options())
+    if mode not in modes:
+        raise ValueError(f"`{argument}['mode']` is not a mode of torch.compile's inductor. Received: "
+                         f"{argument}['mode']={_short(mode)}. Valid modes: {', '.join(map(repr, modes))}. 'max-autotune' compiles "
+                         "longest for the fastest code; leave the mode out for 'default'.")
 
 
 def same_options(first: dict[str, Any], second: dict[str, Any]) -> bool:

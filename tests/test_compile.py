@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
+from fittrain.utils import TorchDynamoPlugin
 
 
 class Counter:
@@ -110,12 +111,22 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     (1, TypeError, ["`compile`", "compile=1"]),
     ({"mode": "default", "fulgraph": True}, ValueError, ["'fulgraph'", "Accepted keys", "fullgraph"]),
     ({"backend": "inductr"}, ValueError, ["compile['backend']", "'inductr'", "inductor", "eager"]),
+    ({"mode": "fastest"}, ValueError, ["compile['mode']", "'fastest'", "default", "reduce-overhead", "max-autotune"]),
+    ({"mode": "max-autotune", "options": {"max_autotune": True}}, ValueError,
+     ["`compile`", "'mode' and 'options'", "Pass one"]),
 ])
 def test_bad_compile_values_are_refused_by_name(value, error, words) -> None:
     with pytest.raises(error) as info:
         Trainer(compile=value)
     for word in words:
         assert word in str(info.value)
+
+
+def test_a_mode_is_checked_for_inductor_only_and_in_a_dynamo_plugin() -> None:
+    with pytest.raises(ValueError, match=r"`dynamo_plugin\['mode'\]` is not a mode of torch.compile's inductor"):
+        Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(mode="fastest"))
+    # Another backend receives the mode itself: torch.compile passes it on, so fittrain does too.
+    assert Trainer(compile={"backend": "eager", "mode": "fastest"}) is not None
 
 
 @pytest.mark.parametrize("value, error, words", [
