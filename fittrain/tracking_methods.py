@@ -122,5 +122,5 @@ def _check_step(step: Any) -> int | None:
     if step is None or isinstance(step, numbers.Integral) and not isinstance(step, bool) and step >= 0:
         return None if step is None else int(step)
     raise ValueError(f"`log(step=...)` must be an int >= 0 or None. Received: step={short_repr(step)} "
-                     f"({type(step).__name__}). Pass the step count, e.g. accelerator.log(values, step=completed_steps), "
-                     "or leave step out so each tracker counts on from its last step.")
+                     f"({type(step).__name__}). Pass the step count, e.g. accelerator.log(values, "
+                     "step=completed_steps), or leave step out so each tracker counts on from its last step.")
