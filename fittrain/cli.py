@@ -202,6 +202,7 @@ def _target(args: argparse.Namespace) -> list[str]:
 
 def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Fills options from `--config_file` (flags win) and the defaults; parser.error on bad input."""
+    _check_flags(args, parser)
     if args.config_file is not None:
         try:
             options = launch_config.options_from_config(launch_config.read_config_file(args.config_file),
@@ -215,6 +216,18 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     if args.mixed_precision not in (None, *PRECISIONS):
         parser.error(f"mixed_precision must be one of {', '.join(PRECISIONS)}. Received: {args.mixed_precision!r} "
                      f"(from --config_file {args.config_file}). fp8 is not supported; use bf16 or fp16.")
+
+
+def _check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Checks the numbers given as flags, before a config file or SLURM fills the others (checked there)."""
+    port = args.main_process_port
+    if port is not None and not 1 <= port <= launch_config.MAX_PORT:
+        parser.error(f"--main_process_port must be a TCP port from 1 to {launch_config.MAX_PORT}. "
+                     f"Received: --main_process_port {port}. {launch_config.PORT_HINT}")
+    threads = args.num_cpu_threads_per_process
+    if threads is not None and threads < 1:
+        parser.error(f"--num_cpu_threads_per_process must be at least 1. Received: --num_cpu_threads_per_process "
+                     f"{threads}. Leave it out to keep torch's default (or OMP_NUM_THREADS).")
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         parser.error("--gradient_accumulation_steps must be a positive integer. "
                      f"Received: --gradient_accumulation_steps {args.gradient_accumulation_steps}.")

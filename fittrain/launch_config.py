@@ -19,7 +19,9 @@ import json
 import os
 from typing import Any, Callable
 
+from .events import short_repr
 from .parallel import STRATEGY_ENV
+from .precision import PRECISIONS
 
 #: Accelerate's environment variables, read by `fittrain.Accelerator` as argument defaults.
 MIXED_PRECISION_ENV = "ACCELERATE_MIXED_PRECISION"
@@ -27,6 +29,11 @@ ACCUMULATION_ENV = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 DYNAMO_BACKEND_ENV = "ACCELERATE_DYNAMO_BACKEND"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"
 DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
+
+#: The highest TCP port; `--main_process_port` and the config's `main_process_port` must be 1 to this.
+MAX_PORT = 65535
+#: What to do about a bad port, said by both the flag's and the config key's error.
+PORT_HINT = "Choose a free port such as 29500, or leave it out on one machine and torchrun picks a free one."
 
 # `accelerate launch`'s flags that a config file can also set, each with its config key.
 # (`num_machines` and `machine_rank` are the flags' aliases of torchrun's `nnodes` and `node_rank`.)
@@ -63,21 +70,46 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"`--config_file` names a file that does not exist. Received: --config_file {path!r}. "
                                 "Pass the YAML file `accelerate config` wrote (default location: "
                                 "~/.cache/huggingface/accelerate/default_config.yaml).")
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    if path.endswith(".json"):
-        config = json.loads(text)
-    else:
-        try:
-            import yaml
-        except ImportError as err:
-            raise ImportError("`--config_file` with a YAML file needs PyYAML, which is not installed: run "
-                              "`pip install pyyaml`, or pass the same options as flags or a .json file.") from err
-        config = yaml.safe_load(text)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"`--config_file {path}` is not a text file in UTF-8 ({err.reason} at byte {err.start}). "
+                         "Pass the YAML file `accelerate config` wrote.") from None
+    config = _parse_json(text, path) if path.endswith(".json") else _parse_yaml(text, path)
     if not isinstance(config, dict):
         raise ValueError(f"`--config_file {path}` must hold a mapping of option names to values, as `accelerate "
                          f"config` writes. Received: {type(config).__name__}.")
     return config
+
+
+def _parse_json(text: str, path: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(_malformed(path, "JSON", err.msg, err.lineno, err.colno)) from None
+
+
+def _parse_yaml(text: str, path: str) -> Any:
+    try:
+        import yaml
+    except ImportError as err:
+        raise ImportError("`--config_file` with a YAML file needs PyYAML, which is not installed: run "
+                          "`pip install pyyaml`, or pass the same options as flags or a .json file.") from err
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        # PyYAML's own message spans several lines with a quote of the file: keep what and where.
+        mark = getattr(err, "problem_mark", None)
+        what = ", ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part)
+        where = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        raise ValueError(_malformed(path, "YAML", what or str(err).splitlines()[0], *where)) from None
+
+
+def _malformed(path: str, kind: str, problem: str, line: int | None, column: int | None) -> str:
+    where = f" at line {line}, column {column}" if line is not None else ""
+    return (f"`--config_file {path}` is not valid {kind}: {problem}{where}. Fix the file there, or write it "
+            "again with `accelerate config`.")
 
 
 def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
@@ -93,11 +125,13 @@ def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
         "mixed_precision": lambda v: options.update(mixed_precision=v),
         "use_cpu": lambda v: options.update(cpu=bool(v)),
         "debug": lambda v: options.update(debug=_same(v, True)),
-        "num_processes": lambda v: options.update(num_processes=v) if v not in (None, -1) else None,
-        "num_machines": lambda v: options.update(nnodes=v),
-        "machine_rank": lambda v: options.update(node_rank=v),
+        # -1 is what `accelerate config` writes for "all GPUs": fittrain's default.
+        "num_processes": lambda v: options.update(num_processes=_whole_number("num_processes", v, path, 1))
+        if v not in (None, -1) else None,
+        "num_machines": lambda v: options.update(nnodes=_whole_number("num_machines", v, path, 1)),
+        "machine_rank": lambda v: options.update(node_rank=_whole_number("machine_rank", v, path, 0)),
         "main_process_ip": lambda v: options.update(main_process_ip=v),
-        "main_process_port": lambda v: options.update(main_process_port=v),
+        "main_process_port": lambda v: options.update(main_process_port=_port(v, path)),
         "gpu_ids": lambda v: options.update(gpu_ids=None if v in (None, "all") else str(v)),
         "rdzv_backend": lambda v: options.update(rdzv_backend=v),
         "dynamo_config": lambda v: options.update(dynamo_backend=_dynamo_backend(v or {}, path)),
@@ -184,6 +218,31 @@ def _check_fixed(key: str, value: Any, path: str) -> None:
                          f"{' or '.join(repr(c) for c in choices)}). Remove the key or change its value.")
 
 
+def _as_int(value: Any) -> int | None:
+    """A whole number, also one a config holds as a string ("2"); None for anything else (bools too)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _whole_number(key: str, value: Any, path: str, least: int) -> int | None:
+    number = _as_int(value)
+    if value is not None and (number is None or number < least):
+        raise ValueError(f"`--config_file {path}` sets {key}={short_repr(value)}, which must be a whole number of at "
+                         f"least {least}. Write it in digits, e.g. `{key}: {least + 1}`.")
+    return number
+
+
+def _port(value: Any, path: str) -> int | None:
+    number = _as_int(value)
+    if value is not None and (number is None or not 1 <= number <= MAX_PORT):
+        raise ValueError(f"`--config_file {path}` sets main_process_port={short_repr(value)}, which must be a TCP "
+                         f"port from 1 to {MAX_PORT}. {PORT_HINT}")
+    return number
+
+
 def _same(value: Any, expected: Any) -> bool:
     """Equality that also takes config strings for booleans and numbers ("true", "2")."""
     if isinstance(expected, bool) and isinstance(value, str):
@@ -204,7 +263,7 @@ def launch_defaults(mixed_precision: str | None, gradient_accumulation_steps: in
         ValueError: for a malformed variable, naming it and the value.
     """
     if mixed_precision is None:
-        mixed_precision = os.environ.get(MIXED_PRECISION_ENV, "").strip().lower() or None
+        mixed_precision = _precision_from_environment()
     if gradient_accumulation_steps == 1 and os.environ.get(ACCUMULATION_ENV, "").strip():
         value = os.environ[ACCUMULATION_ENV].strip()
         if not value.isdigit() or int(value) < 1:
@@ -214,6 +273,17 @@ def launch_defaults(mixed_precision: str | None, gradient_accumulation_steps: in
         gradient_accumulation_steps = int(value)
     cpu = cpu or os.environ.get(USE_CPU_ENV, "").strip().lower() in ("1", "true", "yes")
     return mixed_precision, gradient_accumulation_steps, cpu
+
+
+def _precision_from_environment() -> str | None:
+    """ACCELERATE_MIXED_PRECISION, checked here so that a bad value names the variable, not the argument."""
+    value = os.environ.get(MIXED_PRECISION_ENV, "")
+    if value.strip() and value.strip().lower() not in PRECISIONS:
+        choices = ", ".join(repr(p) for p in PRECISIONS[:-1]) + f" or {PRECISIONS[-1]!r}"
+        raise ValueError(f"Environment variable {MIXED_PRECISION_ENV} must be one of {choices}. Received: "
+                         f"{MIXED_PRECISION_ENV}={short_repr(value)}. Set it to one of them (`fittrain launch "
+                         "--mixed_precision bf16` does), or unset it.")
+    return value.strip().lower() or None
 
 
 def dynamo_default(backend: Any) -> Any:

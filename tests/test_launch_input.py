@@ -1,0 +1,106 @@
+"""Bad input to `fittrain launch` and to the variables it exports: one clear line, no traceback.
+
+Each case names the flag, config key or environment variable, the value received and the fix,
+and `fittrain launch` stops with argparse's exit code 2 before starting anything.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from fittrain import Accelerator, cli
+from fittrain.launch_config import MIXED_PRECISION_ENV
+from fittrain.partial_state import PartialState
+
+
+@pytest.fixture
+def folder(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A working folder holding an (empty) train.py, outside any SLURM or torchrun job."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("SLURM_JOB_ID", "SLURM_NNODES", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "train.py").write_text("")
+    return tmp_path
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Runs `fittrain launch argv` in this process; returns its error line after checking exit code 2."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["launch", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--main_process_port", "70000"],
+     "--main_process_port must be a TCP port from 1 to 65535. Received: --main_process_port 70000."),
+    (["--main_process_port", "-1"], "Received: --main_process_port -1."),
+    (["--num_cpu_threads_per_process", "0"],
+     "--num_cpu_threads_per_process must be at least 1. Received: --num_cpu_threads_per_process 0."),
+    (["--num_cpu_threads_per_process", "-4"], "Received: --num_cpu_threads_per_process -4."),
+])
+def test_bad_flags_are_named_with_their_value(argv: list[str], expected: str, folder: pathlib.Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    line = _refused([*argv, "train.py"], capsys)
+    assert line.startswith("fittrain launch: error: ")
+    assert expected in line
+
+
+def test_the_port_message_says_what_to_do(folder: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _refused(["--main_process_port", "70000", "train.py"], capsys)
+    assert "29500" in line and "leave it out" in line
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("num_processes: two\n", "sets num_processes='two', which must be a whole number of at least 1"),
+    ("num_processes: 2.5\n", "sets num_processes=2.5"),
+    ("num_processes: true\n", "sets num_processes=True"),
+    ("num_machines: [1, 2]\n", "sets num_machines=[1, 2], which must be a whole number of at least 1"),
+    ("machine_rank: -1\n", "sets machine_rank=-1, which must be a whole number of at least 0"),
+    ("main_process_port: 70000\n", "sets main_process_port=70000, which must be a TCP port from 1 to 65535"),
+    ("main_process_port: http\n", "sets main_process_port='http'"),
+])
+def test_bad_config_values_are_named_with_key_and_value(body: str, expected: str, folder: pathlib.Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (folder / "config.yaml").write_text(f"compute_environment: LOCAL_MACHINE\n{body}")
+    line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
+    assert "`--config_file config.yaml` " + expected in line, line
+
+
+def test_config_numbers_written_as_strings_still_work(folder: pathlib.Path) -> None:
+    (folder / "config.yaml").write_text("num_processes: '4'\nnum_machines: 2\nmachine_rank: '1'\n"
+                                        "main_process_port: '29501'\n")
+    args = cli.build_parser().parse_args(["launch", "--config_file", "config.yaml", "train.py"])
+    argv = cli.torchrun_argv(args, args.parser)
+    assert argv[:6] == ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2"]
+    assert argv[argv.index("--master-port") + 1] == "29501"
+
+
+@pytest.mark.parametrize("name, body, expected", [
+    ("config.yaml", "num_processes: 2\n  mixed_precision: [bf16\n", "is not valid YAML: "),
+    ("config.yaml", "a: 'unclosed\n", "is not valid YAML: "),
+    ("config.json", '{"num_processes": 2,}', "is not valid JSON: "),
+])
+def test_a_malformed_config_file_is_named_with_where_it_breaks(name: str, body: str, expected: str,
+                                                               folder: pathlib.Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (folder / name).write_text(body)
+    line = _refused(["--config_file", name, "train.py"], capsys)
+    assert f"`--config_file {name}` {expected}" in line, line
+    assert "line " in line and "column " in line and "accelerate config" in line
+
+
+def test_a_bad_precision_variable_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MIXED_PRECISION_ENV, "fp9")
+    message = rf"Environment variable {MIXED_PRECISION_ENV} must be one of 'no', 'fp16' or 'bf16'\. Received: " \
+              rf"{MIXED_PRECISION_ENV}='fp9'\."
+    with pytest.raises(ValueError, match=message) as raised:
+        Accelerator()
+    assert "mixed_precision=" not in str(raised.value)
+    with pytest.raises(ValueError, match=message):
+        PartialState()
+    Accelerator(mixed_precision="no")  # a value in the script wins over the variable, as in Accelerate
