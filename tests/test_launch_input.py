@@ -104,3 +104,9 @@ def test_a_bad_precision_variable_names_the_variable(monkeypatch: pytest.MonkeyP
     with pytest.raises(ValueError, match=message):
         PartialState()
     Accelerator(mixed_precision="no")  # a value in the script wins over the variable, as in Accelerate
+
+
+def test_a_config_file_that_is_not_text_is_named(folder: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (folder / "config.yaml").write_bytes(b"num_processes: 2\n\xff\xfe\x00")
+    line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
+    assert "`--config_file config.yaml` is not a text file in UTF-8 (invalid start byte at byte 17)" in line, line
