@@ -94,3 +94,18 @@ def run_folder(project_dir: _Path, run_name: str | None = None) -> pathlib.Path:
     if not runs:
         raise FileNotFoundError(f"No run folder under {root}: no Trainer run of this project has saved a checkpoint.")
     return runs[0]
+
+
+def run_checkpoints(project_dir: _Path, run_name: str | None = None) -> list[pathlib.Path]:
+    """The `checkpoint_{i}` folders (complete or not) of a Trainer run, oldest first: of `run_name`,
+    or of the most recently started run; empty when the project has no such run.
+
+    Example:
+        >>> run_checkpoints("runs/a")[-1]  # the newest folder of the run started last
+    """
+    from .naming import list_checkpoints  # naming imports this module
+
+    try:
+        return list_checkpoints(run_folder(project_dir, run_name))
+    except FileNotFoundError:
+        return []

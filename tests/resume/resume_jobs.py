@@ -201,8 +201,8 @@ class References:
         for workers in (0, 2):
             for name, extra in ((f"single_w{workers}", ()),
                                 (f"single_w{workers}_saving", ("--save-steps", self.SAVE_STEPS))):
-                runs.append(["train", "--project", self.root / name, "--result", self.result(name),
-                             "--workers", workers, *extra])
+                runs.append(["train", "--project", self.root / name, "--run-name", name, "--result",
+                             self.result(name), "--workers", workers, *extra])
         runs.append(["train", "--project", self.root / "stream_w2", "--result", self.result("stream_w2"),
                      "--stream", "--workers", 2])
         runs.append(["plain", "--result", self.result("plain")])
@@ -215,7 +215,7 @@ class References:
         return self.root / "plain_checkpoint"
 
     def checkpoint(self, name: str, index: int) -> pathlib.Path:
-        return self.root / name / "checkpoints" / f"checkpoint_{index}"
+        return self.root / name / "checkpoints" / name / f"checkpoint_{index}"  # the run is named like its project
 
     def start(self) -> None:
         if self.job is None:

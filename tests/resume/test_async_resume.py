@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fittrain.callbacks import Checkpointer
+from fittrain.checkpoint import list_checkpoints
 from fittrain.checkpoint import snapshot as snapshot_module
 
 from resume_jobs import OTHER_SEED, Job, differing, load_params, load_summary, train_job
@@ -38,7 +39,7 @@ def test_resume_from_an_async_checkpoint_is_exact(tmp_path, train_job_module, de
                                                   monkeypatch):
     job = train_job_module
     project = tmp_path / "saving"
-    checkpoint_7 = project / "checkpoints" / "checkpoint_0"
+    checkpoint_7 = project / "checkpoints" / "saving" / "checkpoint_0"  # the run named "saving"
     # Importing torch is most of a job's cost: start the resumed job now; it trains once `go` exists.
     go = tmp_path / "go"
     resumed = Job(train_job("--project", tmp_path / "resumed", "--resume", checkpoint_7, "--seed", OTHER_SEED,
@@ -54,9 +55,10 @@ def test_resume_from_an_async_checkpoint_is_exact(tmp_path, train_job_module, de
 
         monkeypatch.setattr(snapshot_module, "write_snapshot", slow)
         # Saves at steps 7 (mid-epoch 1) and 14; the run goes on to step 15 while they are written.
-        saving = _fit(job, ["--project", str(project)], extra=(Checkpointer(every_n_steps=7, async_save=True),))
+        saving = _fit(job, ["--project", str(project), "--run-name", "saving"],
+                      extra=(Checkpointer(every_n_steps=7, async_save=True),))
         assert not differing(saving, reference), "saving in the background disturbed the run"
-        assert sorted(p.name for p in (project / "checkpoints").iterdir()) == ["checkpoint_0", "checkpoint_1"]
+        assert [p.name for p in list_checkpoints(checkpoint_7.parent)] == ["checkpoint_0", "checkpoint_1"]
         go.touch()
         resumed.wait()
     finally:

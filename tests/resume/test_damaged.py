@@ -23,6 +23,7 @@ import torch
 from resume_jobs import differing
 from fittrain import Callback
 from fittrain.checkpoint import MANIFEST_NAME, CheckpointError
+from fittrain.checkpoint.run_folders import run_folder
 
 
 class _CountBatches(Callback):
@@ -80,10 +81,10 @@ DAMAGES = {"model.safetensors": _truncate, "optimizer.pt": _flip_byte}
 def test_explicit_path_to_damaged_checkpoint_names_the_file_before_training(tmp_path, saved, train_job_module, name,
                                                                            deterministic):
     project = _copy_project(saved[0], tmp_path / "run")
-    DAMAGES[name](project / "checkpoints" / "checkpoint_1" / name)
+    DAMAGES[name](run_folder(project) / "checkpoint_1" / name)
     counter = _CountBatches()
     with pytest.raises(CheckpointError) as info:
-        _fit(train_job_module, project, resume=str(project / "checkpoints" / "checkpoint_1"), counter=counter)
+        _fit(train_job_module, project, resume=str(run_folder(project) / "checkpoint_1"), counter=counter)
     assert name in str(info.value) and "damaged" in str(info.value)
     assert counter.batches == 0
 
@@ -91,7 +92,7 @@ def test_explicit_path_to_damaged_checkpoint_names_the_file_before_training(tmp_
 @pytest.mark.parametrize("name", sorted(DAMAGES))
 def test_latest_skips_damaged_newest_with_a_warning(tmp_path, saved, train_job_module, name, deterministic):
     project = _copy_project(saved[0], tmp_path / "run")
-    DAMAGES[name](project / "checkpoints" / "checkpoint_1" / name)
+    DAMAGES[name](run_folder(project) / "checkpoint_1" / name)
     counter = _CountBatches()
     with pytest.warns(UserWarning, match=f"checkpoint_1.*{name}"):
         _, module = _fit(train_job_module, project, resume="latest", counter=counter)
@@ -135,7 +136,7 @@ PICKLED = ["optimizer.pt", "scheduler.pt", "random_states_0.pt", "custom_checkpo
 @pytest.mark.parametrize("resume", ["path", "latest"])
 def test_planted_pickle_is_never_executed(tmp_path, saved, train_job_module, name, resume, deterministic):
     project = _copy_project(saved[0], tmp_path / "run")
-    folder = project / "checkpoints" / "checkpoint_1"
+    folder = run_folder(project) / "checkpoint_1"
     marker = tmp_path / "executed"
     _plant(folder, name, marker)
     counter = _CountBatches()

@@ -86,9 +86,9 @@ def test_two_processes_resume_mid_epoch(tmp_path):
     whose references never save.)
     """
     project, go = tmp_path / "run", tmp_path / "go"
-    checkpoint = project / "checkpoints" / "checkpoint_0"
+    checkpoint = project / "checkpoints" / "first" / "checkpoint_0"  # the run named "first"
     # 40 samples, batch 4, 2 ranks: 5 batches per rank per epoch, steps after batches 2, 4 and 5.
-    first = Job(torchrun(2, TRAIN_JOB, "--project", project, "--save-steps", "4",
+    first = Job(torchrun(2, TRAIN_JOB, "--project", project, "--run-name", "first", "--save-steps", "4",
                          "--result", tmp_path / "uninterrupted.st"))
     resumed = Job(torchrun(2, TRAIN_JOB, "--project", project, "--resume", checkpoint, "--seed", OTHER_SEED,
                            "--wait-for", go, "--result", tmp_path / "resumed.st"))

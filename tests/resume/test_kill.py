@@ -19,17 +19,25 @@ import pytest
 
 from resume_jobs import OTHER_SEED, Job, assert_bitwise_equal, load_summary, train_job
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
+from fittrain.checkpoint.run_folders import run_folders
 
 JOB_ARGS = ("--checkpoint-every", 1, "--checkpoint-limit", 3, "--slow-save", 0.03)
 KILL_DEADLINE = 60.0
 
 
+def _run(root: pathlib.Path) -> pathlib.Path:
+    """The run's folder under `root` (the project's checkpoints): every job here continues one run."""
+    runs = run_folders(root)
+    return runs[0] if runs else root / "not-started"
+
+
 def _finals(root: pathlib.Path) -> list[pathlib.Path]:
-    return list_checkpoints(root)
+    return list_checkpoints(_run(root))
 
 
 def _temp_dirs(root: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(root.glob(".checkpoint_*.tmp")) if root.is_dir() else []
+    run = _run(root)
+    return sorted(run.glob(".checkpoint_*.tmp")) if run.is_dir() else []
 
 
 def _wait(condition, what: str, job: Job) -> None:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
 from fittrain import Callback, Trainer
-from fittrain.checkpoint import list_checkpoints
+from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE, PreemptionWatcher, ignore_preemption_signals
 
 
@@ -39,7 +39,7 @@ def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, references):
         job.kill(signal.SIGTERM)
         job.wait(expect=PREEMPTION_EXIT_CODE)
         assert "Preempted: saved" in job.output
-        saved = list_checkpoints(project / "checkpoints")
+        saved = run_checkpoints(project)
         assert len(saved) == 1, saved
         state = torch.load(saved[0] / "custom_checkpoint_0.pt", weights_only=True)  # the TrainState
         assert 4 <= state["global_step"] < 15
@@ -104,7 +104,7 @@ def test_fit_restores_previous_signal_handlers(tmp_path, train_job_module, custo
         _fit(train_job_module, tmp_path / "preempted", [_SignalAt(2, signal.SIGTERM)])
     assert exit_info.value.code == PREEMPTION_EXIT_CODE
     assert _handlers() == custom_handlers
-    assert len(list_checkpoints(tmp_path / "preempted" / "checkpoints")) == 1
+    assert len(run_checkpoints(tmp_path / "preempted")) == 1
 
 
 def test_preemption_signals_are_configurable(tmp_path, train_job_module, custom_handlers):
@@ -116,7 +116,7 @@ def test_preemption_signals_are_configurable(tmp_path, train_job_module, custom_
     signal.signal(signal.SIGUSR1, lambda *a: setattr(received, "count", received.count + 1))
     trainer = _fit(train_job_module, tmp_path / "off", [_SignalAt(2, signal.SIGUSR1)], preemption_signals=())
     assert received.count == 1 and trainer.state.global_step == 5
-    assert not list_checkpoints(tmp_path / "off" / "checkpoints")
+    assert not run_checkpoints(tmp_path / "off")
     with pytest.raises(ValueError, match="preemption_signals"):
         Trainer(preemption_signals=("SIGNOPE",))
 
@@ -165,7 +165,7 @@ def test_group_sigterm_with_workers_saves_when_workers_ignore_it(tmp_path, train
     with pytest.raises(SystemExit) as exit_info:
         _fit_with_workers(train_job_module, tmp_path, worker_init_fn=ignore_preemption_signals)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE
-    assert len(list_checkpoints(tmp_path / "checkpoints")) == 1
+    assert len(run_checkpoints(tmp_path)) == 1
 
 
 def test_group_sigterm_with_workers_saves(tmp_path, train_job_module):
@@ -176,7 +176,7 @@ def test_group_sigterm_with_workers_saves(tmp_path, train_job_module):
 
 def test_preemption_with_a_users_accelerator_saves_where_latest_looks(tmp_path, train_job_module):
     """A pre-built Accelerator without a project or automatic naming: the preemption save still
-    lands in {project_dir}/checkpoints, and resume_from="latest" finds it there."""
+    lands in the run's folder under {project_dir}/checkpoints, and resume_from="latest" finds it there."""
     from fittrain import Accelerator
 
     job = train_job_module
@@ -185,7 +185,7 @@ def test_preemption_with_a_users_accelerator_saves_where_latest_looks(tmp_path, 
         Trainer(callbacks=[_SignalAt(2, signal.SIGTERM)], max_epochs=1, project_dir=tmp_path,
                 accelerator=Accelerator(gradient_accumulation_steps=2)).fit(job.Net(), train)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE
-    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_0"]
+    assert [p.name for p in run_checkpoints(tmp_path)] == ["checkpoint_0"]
     resumed = Trainer(max_epochs=1, project_dir=tmp_path, resume_from="latest",
                       accelerator=Accelerator(gradient_accumulation_steps=2))
     resumed.fit(job.Net(), train)
@@ -212,7 +212,7 @@ def test_preemption_saves_even_after_a_failed_background_write(tmp_path, train_j
         with pytest.raises(SystemExit) as exit_info:
             _fit(train_job_module, tmp_path, callbacks)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE and len(calls) == 2
-    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_1"]
+    assert [p.name for p in run_checkpoints(tmp_path)] == ["checkpoint_1"]
 
 
 def _children(pid: int) -> list[int]:
@@ -251,7 +251,7 @@ def test_sigterm_in_a_two_process_run_exits_75_on_every_rank(tmp_path):
     finally:
         job.kill_group()
     assert _worker_exit_codes(job.output) == {0: PREEMPTION_EXIT_CODE, 1: PREEMPTION_EXIT_CODE}, job.output[-4000:]
-    saved = list_checkpoints(project / "checkpoints")
+    saved = run_checkpoints(project)
     assert len(saved) == 1, saved
     state = torch.load(saved[0] / "custom_checkpoint_0.pt", weights_only=True)  # the TrainState
     assert state["global_step"] in (10, 20), state

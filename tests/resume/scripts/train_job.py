@@ -191,7 +191,9 @@ def slow_down_saves(seconds: float) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--project", required=True, help="project_dir (checkpoints go to <project>/checkpoints)")
+    parser.add_argument("--project", required=True,
+                        help="project_dir (checkpoints go to <project>/checkpoints/<run name>)")
+    parser.add_argument("--run-name", help="Trainer(run_name=...); default: the resumed run's, else a new name")
     parser.add_argument("--result", help="where to write the final parameters (safetensors)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every RNG before anything is built")
     parser.add_argument("--workers", type=int, default=0)
@@ -233,7 +235,7 @@ def build(args: argparse.Namespace, extra: tuple[Callback, ...] = ()) -> tuple[T
     val = DataLoader(NoisyDataset(16, augment=False), batch_size=8)
     trainer = Trainer(callbacks=[*make_callbacks(args, trace), *extra], max_epochs=args.epochs,
                       gradient_accumulation_steps=args.accumulate, project_dir=args.project,
-                      resume_from=args.resume)
+                      resume_from=args.resume, run_name=args.run_name)
     return trainer, Net(), train, val
 
 
