@@ -21,14 +21,14 @@ from torch.utils.hooks import RemovableHandle
 from . import collectives, parallel
 from .checkpoint.arguments import check_async_save, check_folder
 from .checkpoint.background import BackgroundCheckpoints
-from .checkpoint.checks import check_model_states
+from .checkpoint.checks import check_model_states, check_saved_values
 from .checkpoint.hooks import StateHooks
 from .checkpoint.latest import load_newest
 from .checkpoint.naming import ProjectConfiguration, reserve_target
 from .checkpoint.reader import CheckpointReader
 from .checkpoint.restore import apply_state, read_state, undo_new_optimizer_state
 from .checkpoint.model_io import load_model_weights, save_model_weights
-from .checkpoint.sharded import METADATA_PATH, ShardCheck, read_index, read_shards
+from .checkpoint.sharded import METADATA_PATH, VALUES_NAME, ShardCheck, read_index, read_shards
 from .checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from .precision import FullPrecision
 from .state import ProcessState
@@ -231,8 +231,11 @@ class CheckpointMethods:
             index = read_index(reader)
             check.wait(self._share)
             i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
-            filled = read_shards(reader, {f"model_{i}": sharded_state.model_state(model)}, index)
-            sharded_state.load_model_state(model, filled[f"model_{i}"])
+            name = f"model_{i}"
+            live = {name: sharded_state.model_state(model)}
+            check_saved_values(reader.path / VALUES_NAME, name, live[name], index[1].get(name, {}))
+            filled = read_shards(reader, live, index)  # DCP reads into the live weights: checked first
+            sharded_state.load_model_state(model, filled[name])
 
     def _share(self, value: Any) -> list[Any]:
         """`value` from every process, on every process (so that all of them refuse a damaged shard)."""
