@@ -49,13 +49,14 @@ class LocalSGD:
 
     Raises:
         NotImplementedError: under a strategy other than DDP (FSDP2), naming it.
-        ValueError: for a `local_sgd_steps` that is not a positive int, or an `enabled` that is not a bool.
+        ValueError: for a `local_sgd_steps` that is not a positive int.
+        TypeError: for an `enabled` that is not a bool.
     """
 
     def __init__(self, accelerator: "Accelerator", model: torch.nn.Module, local_sgd_steps: int | None,
                  enabled: bool = True) -> None:
         if not isinstance(enabled, bool):
-            raise ValueError(f"`LocalSGD(enabled=...)` must be True or False. Received: enabled={short_repr(enabled)}.")
+            raise TypeError(f"`LocalSGD(enabled=...)` must be True or False. Received: enabled={short_repr(enabled)}.")
         bad_steps = isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1
         # Disabled, it may have no count: Accelerate's example passes enabled=local_sgd_steps is not None.
         if bad_steps and (enabled or local_sgd_steps is not None):

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any, MutableMapping
@@ -88,9 +87,13 @@ class MultiProcessAdapter(logging.LoggerAdapter):
                     handler.flush()  # the next process writes only after this one's line is out
             state.wait_for_everyone()
 
-    @functools.lru_cache(None)
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
-        """`warning(...)`, once per distinct set of arguments (repeats are dropped)."""
+        """`warning(...)`, once per distinct set of arguments on this logger (repeats are dropped)."""
+        key = (args, tuple(sorted(kwargs.items())))
+        seen = self.__dict__.setdefault("_warned", set())  # per adapter: no cache that outlives it
+        if key in seen:
+            return
+        seen.add(key)
         kwargs.setdefault("stacklevel", 3)  # past this method too, to the caller's line
         self.warning(*args, **kwargs)
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm as _tqdm
 
 from . import availability, collectives
-from .availability import *  # noqa: F401,F403 - Accelerate's is_*_available family, listed in __all__
+from .availability import *  # Accelerate's is_*_available family, listed in __all__
 from .collectives import DistributedOperationException, sync_rng_states
 from .checkpoint.naming import ProjectConfiguration
 from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,

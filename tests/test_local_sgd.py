@@ -29,7 +29,7 @@ def test_local_sgd_steps_must_be_a_positive_int(steps) -> None:
 
 
 def test_enabled_must_be_a_bool() -> None:
-    with pytest.raises(ValueError, match=r"LocalSGD\(enabled=...\).*Received: enabled='yes'"):
+    with pytest.raises(TypeError, match=r"LocalSGD\(enabled=...\).*Received: enabled='yes'"):
         LocalSGD(Accelerator(cpu=True), torch.nn.Linear(2, 2), local_sgd_steps=2, enabled="yes")
 
 
