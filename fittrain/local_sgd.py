@@ -7,7 +7,7 @@ every K steps instead of one of the gradients every step.
 
 It works under DDP (`distributed_type` MULTI_CPU or MULTI_GPU), as Accelerate's does. On one
 process there is nothing to average, and it does nothing. FSDP2 shards the parameters, so there
-are no whole weights to average: it is refused by name.
+are no whole weights to average: `strategy="fsdp"` is refused by name, on one process too.
 
 Example:
     >>> with LocalSGD(accelerator, model, local_sgd_steps=8) as local_sgd:
@@ -64,7 +64,8 @@ class LocalSGD:
                              f"averages. Received: local_sgd_steps={short_repr(local_sgd_steps)}. Pass e.g. "
                              "local_sgd_steps=8.")
         kind = accelerator.distributed_type
-        if kind not in _SUPPORTED:
+        # By the strategy's name too: on one process FSDP2 runs as NO, and the script would only fail on many.
+        if kind not in _SUPPORTED or accelerator.strategy == "fsdp":
             raise NotImplementedError(
                 f"LocalSGD averages whole parameters, which only DDP keeps on every process; this Accelerator runs "
                 f"distributed_type={kind.value} (strategy={accelerator.strategy!r}), whose parameters are sharded. "

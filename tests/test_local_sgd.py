@@ -38,3 +38,9 @@ def test_disabled_it_takes_no_step_count() -> None:
     with LocalSGD(Accelerator(cpu=True), torch.nn.Linear(2, 2), local_sgd_steps=None, enabled=False) as local_sgd:
         local_sgd.step()
     assert local_sgd.enabled is False
+
+
+def test_fsdp_is_refused_on_one_process_too() -> None:
+    # Refused by the strategy's name, so a script tried on one process fails as it would on many.
+    with pytest.raises(NotImplementedError, match=r"strategy='fsdp'.*Accelerator\(strategy='ddp'\)"):
+        LocalSGD(Accelerator(cpu=True, strategy="fsdp"), torch.nn.Linear(2, 2), local_sgd_steps=2)
