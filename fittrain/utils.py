@@ -3,6 +3,8 @@
 `from accelerate.utils import set_seed, ProjectConfiguration` becomes `from fittrain.utils
 import ...`. The collectives here work like the Accelerator's methods of the same names, on the
 process group of this process (a `PartialState` is read per call; there is no global to set up).
+Accelerate's whole `is_*_available` family is here too (`fittrain.availability`): each answers
+for this machine whether a package is installed or a device present.
 
 Example:
     >>> from fittrain.utils import set_seed, gather_object
