@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Any, Callable
 
 from .events import short_repr
@@ -125,9 +126,9 @@ def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
         "mixed_precision": lambda v: options.update(mixed_precision=v),
         "use_cpu": lambda v: options.update(cpu=bool(v)),
         "debug": lambda v: options.update(debug=_same(v, True)),
-        # -1 is what `accelerate config` writes for "all GPUs": fittrain's default.
+        # -1 is what `accelerate config` writes for "all GPUs": fittrain's default, so not an option.
         "num_processes": lambda v: options.update(num_processes=_whole_number("num_processes", v, path, 1))
-        if v not in (None, -1) else None,
+                                   if v not in (None, -1) else None,
         "num_machines": lambda v: options.update(nnodes=_whole_number("num_machines", v, path, 1)),
         "machine_rank": lambda v: options.update(node_rank=_whole_number("machine_rank", v, path, 0)),
         "main_process_ip": lambda v: options.update(main_process_ip=v),
@@ -222,7 +223,7 @@ def _as_int(value: Any) -> int | None:
     """A whole number, also one a config holds as a string ("2"); None for anything else (bools too)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
         return int(value)
     return None
 

@@ -110,3 +110,11 @@ def test_a_config_file_that_is_not_text_is_named(folder: pathlib.Path, capsys: p
     (folder / "config.yaml").write_bytes(b"num_processes: 2\n\xff\xfe\x00")
     line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
     assert "`--config_file config.yaml` is not a text file in UTF-8 (invalid start byte at byte 17)" in line, line
+
+
+@pytest.mark.parametrize("value", ["'--5'", "'2 2'", "'0x10'"])
+def test_odd_number_strings_in_a_config_are_refused_by_name(value: str, folder: pathlib.Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (folder / "config.yaml").write_text(f"num_processes: {value}\n")
+    line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
+    assert "sets num_processes=" in line and "whole number of at least 1" in line, line
