@@ -85,7 +85,7 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--main_process_port", type=int, default=None, metavar="PORT",
                         help="free port on the main machine (default: any free port on one machine, "
                              "29500 on several)")
-    launch.add_argument("--rdzv_backend", choices=("static", "c10d"), default=None,
+    launch.add_argument("--rdzv_backend", choices=launch_config.RDZV_BACKENDS, default=None,
                         help="torchrun's rendezvous: static (default) or c10d at main_process_ip:port")
     launch.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help=f"how to parallelise models; exported as {STRATEGY_ENV} and used by "

@@ -31,6 +31,8 @@ DYNAMO_BACKEND_ENV = "ACCELERATE_DYNAMO_BACKEND"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"
 DEBUG_ENV = "ACCELERATE_DEBUG_MODE"
 
+#: torchrun's rendezvous backends that `fittrain launch --rdzv_backend` offers.
+RDZV_BACKENDS = ("static", "c10d")
 #: The highest TCP port; `--main_process_port` and the config's `main_process_port` must be 1 to this.
 MAX_PORT = 65535
 #: What to do about a bad port, said by both the flag's and the config key's error.
@@ -124,8 +126,8 @@ def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
     readers: dict[str, Callable[[Any], None]] = {
         "distributed_type": lambda v: options.update(strategy=_strategy(v, path)),
         "mixed_precision": lambda v: options.update(mixed_precision=v),
-        "use_cpu": lambda v: options.update(cpu=bool(v)),
-        "debug": lambda v: options.update(debug=_same(v, True)),
+        "use_cpu": lambda v: options.update(cpu=_boolean("use_cpu", v, path)),
+        "debug": lambda v: options.update(debug=_boolean("debug", v, path)),
         # -1 is what `accelerate config` writes for "all GPUs": fittrain's default, so not an option.
         "num_processes": lambda v: options.update(num_processes=_whole_number("num_processes", v, path, 1))
                                    if v not in (None, -1) else None,
@@ -134,7 +136,7 @@ def options_from_config(config: dict[str, Any], path: str) -> dict[str, Any]:
         "main_process_ip": lambda v: options.update(main_process_ip=v),
         "main_process_port": lambda v: options.update(main_process_port=_port(v, path)),
         "gpu_ids": lambda v: options.update(gpu_ids=None if v in (None, "all") else str(v)),
-        "rdzv_backend": lambda v: options.update(rdzv_backend=v),
+        "rdzv_backend": lambda v: options.update(rdzv_backend=_rdzv_backend(v, path)),
         "dynamo_config": lambda v: options.update(dynamo_backend=_dynamo_backend(v or {}, path)),
         "fsdp_config": lambda v: _check_fsdp(v or {}, path),
     }
@@ -242,6 +244,24 @@ def _port(value: Any, path: str) -> int | None:
         raise ValueError(f"`--config_file {path}` sets main_process_port={short_repr(value)}, which must be a TCP "
                          f"port from 1 to {MAX_PORT}. {PORT_HINT}")
     return number
+
+
+def _boolean(key: str, value: Any, path: str) -> bool:
+    """A yes/no key: true or false (YAML's booleans, or their spelling as strings); null means false."""
+    if value is None:
+        return False
+    for answer in (True, False):
+        if _same(value, answer):
+            return answer
+    raise ValueError(f"`--config_file {path}` sets {key}={short_repr(value)}, which must be true or false. "
+                     f"Write `{key}: true` or `{key}: false`.")
+
+
+def _rdzv_backend(value: Any, path: str) -> str | None:
+    if value is not None and value not in RDZV_BACKENDS:
+        raise ValueError(f"`--config_file {path}` sets rdzv_backend={short_repr(value)}, which fittrain launch does "
+                         f"not run. Use {' or '.join(RDZV_BACKENDS)}, or remove the key (static).")
+    return value
 
 
 def _same(value: Any, expected: Any) -> bool:

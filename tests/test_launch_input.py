@@ -118,3 +118,22 @@ def test_odd_number_strings_in_a_config_are_refused_by_name(value: str, folder: 
     (folder / "config.yaml").write_text(f"num_processes: {value}\n")
     line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
     assert "sets num_processes=" in line and "whole number of at least 1" in line, line
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("use_cpu: maybe\n", "sets use_cpu='maybe', which must be true or false"),
+    ("debug: 3\n", "sets debug=3, which must be true or false"),
+    ("rdzv_backend: etcd\n", "sets rdzv_backend='etcd', which fittrain launch does not run. Use static or c10d"),
+])
+def test_config_choices_are_checked_not_coerced(body: str, expected: str, folder: pathlib.Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (folder / "config.yaml").write_text(body)
+    line = _refused(["--config_file", "config.yaml", "train.py"], capsys)
+    assert f"`--config_file config.yaml` {expected}" in line, line
+
+
+def test_config_booleans_as_yaml_writes_them(folder: pathlib.Path) -> None:
+    (folder / "config.yaml").write_text("use_cpu: 'false'\ndebug: true\nrdzv_backend: c10d\n")
+    args = cli.build_parser().parse_args(["launch", "--config_file", "config.yaml", "train.py"])
+    cli.torchrun_argv(args, args.parser)
+    assert (args.cpu, args.debug, args.rdzv_backend) == (False, True, "c10d")
