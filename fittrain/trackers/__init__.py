@@ -10,11 +10,11 @@ A tracker is a `GeneralTracker` (Accelerate's shape): `name`, `requires_logging_
     "wandb"        WandBTracker        wandb.init(project=...)   pip install fittrain[wandb]
     "mlflow"       MLflowTracker       an MlflowClient run       pip install fittrain[mlflow]
 
-`log_with` takes "all" (the built-ins whose package is installed), a name, a `LoggerType`, a
+`log_with` takes "all" (as in Accelerate: those of tensorboard, wandb and mlflow that are installed), a name, a `LoggerType`, a
 tracker instance, or a list of these (`registry.resolve_trackers`). Two users:
 
     Accelerator(log_with=["tensorboard", "csv"], project_dir="runs/a")   a custom loop
-        accelerator.init_trackers("exp1", config={"lr": 3e-4})           -> runs/a/logs/exp1/
+        accelerator.init_trackers("exp1", config={"lr": 3e-4})           -> runs/a/exp1/
         accelerator.log({"train_loss": loss}, step=step)
         accelerator.get_tracker("tensorboard", unwrap=True)              -> a SummaryWriter
         accelerator.end_training()                                       finishes every tracker
