@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule, cli
-from fittrain.checkpoint import list_checkpoints
+from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE
 from fittrain.slurm import (REQUEUE_ENV, SLURM_ENV, derived_port, expand_hostlist, launch_defaults, requeue,
                             requeue_job_id, slurm_process)
@@ -254,7 +254,7 @@ def _preempted_fit(tmp_path: pathlib.Path, sig: int) -> None:
     with pytest.raises(SystemExit) as exit_info:
         Trainer(callbacks=[_SignalAt(2, sig)], project_dir=tmp_path).fit(_Tiny(), loader)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE
-    assert len(list_checkpoints(tmp_path / "checkpoints")) == 1
+    assert len(run_checkpoints(tmp_path)) == 1
 
 
 @pytest.mark.parametrize("sig, env, calls", [

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fittrain.checkpoint import load_model_weights
+from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
 from jobs import read_results, run, torchrun
 
 
@@ -31,7 +32,7 @@ def _expected(scores: list[float], mode: str, top_k: int = 2) -> tuple[list[str]
 
 
 def _on_disk(project: pathlib.Path) -> list[str]:
-    return sorted((p.name for p in (project / "checkpoints").iterdir()), key=lambda n: int(n.rsplit("_", 1)[1]))
+    return [p.name for p in run_checkpoints(project)]  # the project's one run
 
 
 @pytest.mark.parametrize("run_name,mode", [("val_loss", "min"), ("train_loss", "max"), ("fsdp", "min")])
@@ -42,7 +43,7 @@ def test_both_ranks_agree_on_the_best_and_the_folders_left_are_right(best_job, r
     assert len(scores) == 6
     kept, best = _expected(scores, mode)
     assert _on_disk(project) == kept
-    assert rank0["best_checkpoint"] == rank1["best_checkpoint"] == str(project / "checkpoints" / best)
+    assert rank0["best_checkpoint"] == rank1["best_checkpoint"] == str(run_folder(project) / best)
     assert rank0["best_score"] == rank1["best_score"] == pytest.approx(max(scores) if mode == "max" else min(scores))
     if run_name != "train_loss":
         assert rank0["seen"] == rank1["seen"]  # averaged over both ranks

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from fittrain.checkpoint import list_checkpoints
+from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE
 from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
 
@@ -105,7 +105,7 @@ def test_two_nodes_save_to_a_shared_folder_and_resume_exactly(tmp_path: pathlib.
         seen = json.loads(pathlib.Path(facts.format(rank=rank)).read_text())
         assert (seen["rank"], seen["local_rank"], seen["world_size"]) == (rank, rank % 2, 4)
         assert seen["all_reduce_sum"] == 10.0  # 1 + 2 + 3 + 4: all four ranks, across both nodes
-    saved = list_checkpoints(shared / "checkpoints")
+    saved = run_checkpoints(shared)
     assert len(saved) == 1
     assert torch.load(saved[0] / "custom_checkpoint_0.pt", weights_only=True)["global_step"] == STOP_STEP
 

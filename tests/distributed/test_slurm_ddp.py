@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from fittrain.checkpoint import list_checkpoints
+from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.preemption import PREEMPTION_EXIT_CODE
 from fittrain.slurm import PORT_BASE
 from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
@@ -126,7 +126,7 @@ def test_srun_tasks_find_each_other_from_slurm_variables(uninterrupted: dict[str
         assert facts["all_reduce_sum"] == 3.0  # 1 + 2: both ranks took part
     out = uninterrupted["out"]
     assert json.loads((out / "result.pt.json").read_text())["global_step"] == TOTAL_STEPS
-    assert len(list_checkpoints(out / "run" / "checkpoints")) == TOTAL_STEPS // 8
+    assert len(run_checkpoints(out / "run")) == TOTAL_STEPS // 8
 
 
 def test_sigusr1_saves_requeues_once_and_the_requeued_step_resumes_exactly(
@@ -153,7 +153,7 @@ def test_sigusr1_saves_requeues_once_and_the_requeued_step_resumes_exactly(
         step.kill()
     assert "Preempted: saved" in first[0].output and f"Requeued SLURM job {job_id}" in first[0].output
     assert log.read_text().splitlines() == [f"requeue {job_id}"]  # once, by the main process only
-    saved = list_checkpoints(project / "checkpoints")
+    saved = run_checkpoints(project)
     assert len(saved) == 1
     assert torch.load(saved[0] / "custom_checkpoint_0.pt", weights_only=True)["global_step"] == STOP_STEP
 

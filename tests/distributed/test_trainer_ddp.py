@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from fittrain.checkpoint.run_folders import run_folder
 from jobs import assert_state_close, load_script, read_results, run, torchrun
 
 
@@ -54,7 +55,7 @@ def test_list_of_batches_is_shared_out_across_ranks(trainer_job, tmp_path):
 
 
 def test_checkpoint_has_one_rng_file_per_rank_and_weights_once(trainer_job):
-    folder = trainer_job["out"] / "checkpoints" / "checkpoint_0"
+    folder = run_folder(trainer_job["out"]) / "checkpoint_0"  # the run's save after fit
     names = sorted(p.name for p in folder.iterdir())
     assert "random_states_0.pt" in names and "random_states_1.pt" in names
     assert names.count("model.safetensors") == 1 and "manifest.json" in names

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Trainer, TrainModule
 from fittrain.checkpoint import load_model_weights
+from fittrain.checkpoint.run_folders import run_folder
 from fittrain.callbacks import Checkpointer
 
 
@@ -109,9 +110,10 @@ def main() -> None:
     project = out / f"project_{args.strategy}"
     first = fit(args.strategy, project, epochs=2)
     # checkpoint_0 is after step 3 of 4 (2 per epoch): the resume starts mid-epoch 1 and runs to 3 epochs.
-    resumed = fit(args.strategy, project, epochs=3, resume=str(project / "checkpoints" / "checkpoint_0"))
+    checkpoint = run_folder(project) / "checkpoint_0"  # the first fit's run, which the resumed fit continues
+    resumed = fit(args.strategy, project, epochs=3, resume=str(checkpoint))
     # model.safetensors, or under FSDP2 the sharded checkpoint's names (assembled from its shards)
-    saved = sorted(load_model_weights(project / "checkpoints" / "checkpoint_0"))
+    saved = sorted(load_model_weights(checkpoint))
     rank = torch.distributed.get_rank()
     torch.save({"first": first, "resumed": resumed, "saved_keys": saved, "world": torch.distributed.get_world_size()},
                out / f"rank{rank}.pt")

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, ProjectConfiguration, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, GradClip
+from fittrain.checkpoint.run_folders import run_folder
 
 STEPS = 4
 
@@ -90,5 +91,5 @@ if __name__ == "__main__":
     out = pathlib.Path(args.out)
     result = fit(batch_size=4, project_dir=str(out / "run"), strategy=args.strategy)
     result["resumed"] = fit(batch_size=4, project_dir=str(out / "resumed"), strategy=args.strategy,
-                            resume_from=str(out / "run" / "checkpoints" / "checkpoint_0"))
+                            resume_from=str(run_folder(out / "run") / "checkpoint_0"))
     torch.save(result, out / f"rank{result['rank']}.pt")
