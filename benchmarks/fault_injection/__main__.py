@@ -27,8 +27,10 @@ from .disk_full import disk_full_category, disk_full_scenarios
 from .hostile import hostile_scenarios
 from .job import job_main
 from .kills import kill_category, sigterm_category
-from .sharded import ROLE as SHARDED_ROLE, sharded_files_category, sharded_main
-from .sharded_kills import JOB_ROLE as SHARDED_JOB_ROLE, sharded_job_main, sharded_kill_category
+from .sharded import ROLE as SHARDED_ROLE
+from .sharded import sharded_files_category, sharded_main
+from .sharded_kills import JOB_ROLE as SHARDED_JOB_ROLE
+from .sharded_kills import sharded_job_main, sharded_kill_category
 from .worker import Plan, worker_category, worker_main
 from .writers import writer_main, writers_category
 

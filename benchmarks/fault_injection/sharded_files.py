@@ -148,8 +148,8 @@ HOSTILE: dict[str, ShardedAttack] = {
         _torch(VALUES_NAME, lambda d: d["optimizer_0"].__setitem__("param_groups", []))),
     "values.pt: 2 param groups, the live AdamW has 1": ShardedAttack(_torch(VALUES_NAME, _two_groups), mismatch=True),
     "1 param group saved, the live AdamW has 2": ShardedAttack(_nothing, groups=2, mismatch=True),
-    "data_states_1.pt: batches_consumed=10**9": ShardedAttack(_torch("data_states_1.pt", _position("batches_consumed"))),
-    "data_states_1.pt: order_consumed=10**9": ShardedAttack(_torch("data_states_1.pt", _position("order_consumed"))),
+    **{f"data_states_1.pt: {key}=10**9": ShardedAttack(_torch("data_states_1.pt", _position(key)))
+       for key in ("batches_consumed", "order_consumed")},
     "data_states_0.pt: a pickle whose __reduce__ writes a file": ShardedAttack(_pickle("data_states_0.pt")),
 }
 DAMAGED: dict[str, ShardedAttack] = {

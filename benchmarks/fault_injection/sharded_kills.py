@@ -3,7 +3,8 @@
 A 2-process FSDP2 job (torchrun, gloo, CPU; the ``_sharded_job`` role) trains a `ShardedRig` and
 saves after every step (automatic naming, ``total_limit=3``), recording each rank's state just
 before each save. Once a save is half written (a temporary folder with files and no manifest)
-after a committed one, rank 1, rank 0, or every rank and torchrun get SIGKILL. Then every
+after a committed one and a step drawn from ``--seed``, rank 1, rank 0, or every rank and
+torchrun get SIGKILL. Then every
 ``checkpoint_N`` left must verify and no temporary folder may be listed as one; and a second job,
 seeded differently and started beside the first, loads "latest" on both ranks: it must load the
 newest intact folder, and each rank's state must equal, bitwise, the one recorded for its step.
@@ -24,8 +25,8 @@ import torch
 from fittrain.checkpoint import list_checkpoints
 
 from .checks import OTHER_SEED, Outcome, broken_checkpoints, differing, merged, short
-from .children import (JOB_TIMEOUT_S, MODULE, Child, Context, emit, killed_after, on_ranks, role_args, wait_for_file,
-                       wait_until)
+from .children import (JOB_TIMEOUT_S, MODULE, Child, Context, emit, killed_after, on_ranks, role_args,
+                       wait_for_file, wait_until)
 from .job import progress
 from .kills import half_written
 from .sharded_rig import ShardedRig
@@ -34,6 +35,8 @@ JOB_ROLE = "_sharded_job"
 TARGETS = ("rank 1", "rank 0", "every rank and torchrun")
 #: Wide enough that a save takes long enough for the kill to land in it (about 3 MB a checkpoint).
 KILL_WIDTH = 384
+#: The kill lands in the save after a random step up to this one (pruning under way from step 4 on).
+LAST_KILL_STEP = 10
 #: Records kept: "latest" is one of the last few saves (total_limit=3, and one being written).
 RECORDS_KEPT = 8
 
@@ -67,7 +70,7 @@ def _train(rig: ShardedRig, args: argparse.Namespace) -> None:
         step = rig.counter.step
         _write(args.records / f"step_{step}.{rank}.pt", lambda p: torch.save(rig.snapshot(), p))
         (args.records / f"step_{step - RECORDS_KEPT}.{rank}.pt").unlink(missing_ok=True)
-        _write(pathlib.Path(f"{args.progress}.{rank}"), lambda p: p.write_text(f"{os.getpid()} {step}"))
+        _write(pathlib.Path(f"{args.progress}.{rank}"), lambda p, step=step: p.write_text(f"{os.getpid()} {step}"))
         rig.acc.save_state(async_save=args.async_save)
     rig.acc.wait_for_checkpoint()
 
@@ -89,8 +92,8 @@ def _check(rig: ShardedRig, args: argparse.Namespace) -> None:
         emit(rank=rank, loaded=loaded, problems=[f"{loaded} holds step {step}, whose state was not recorded"])
         return
     wrong = differing(rig.snapshot(), torch.load(record, weights_only=True))
-    emit(rank=rank, loaded=loaded, problems=[f"the state loaded from {loaded} differs from the state saved at "
-                                             f"step {step} in {wrong[:3]}"] if wrong else [])
+    problem = f"the state loaded from {loaded} differs from the state saved at step {step} in {wrong[:3]}"
+    emit(rank=rank, loaded=loaded, problems=[problem] if wrong else [])
 
 
 def sharded_job_main(argv: list[str]) -> None:
@@ -103,9 +106,9 @@ def sharded_job_main(argv: list[str]) -> None:
 
 
 # ===================================================================== in the parent
-def _saving(root: pathlib.Path, steps: pathlib.Path) -> bool:
-    """Whether both ranks have reported, a checkpoint is committed and a newer one is half written."""
-    return (min(progress(steps, 0)[1], progress(steps, 1)[1]) >= 0 and bool(list_checkpoints(root))
+def _saving(root: pathlib.Path, steps: pathlib.Path, after: int) -> bool:
+    """Whether both ranks have trained `after` steps, a checkpoint is committed and a newer one is half written."""
+    return (min(progress(steps, 0)[1], progress(steps, 1)[1]) >= after and bool(list_checkpoints(root))
             and half_written(root))
 
 
@@ -142,7 +145,9 @@ def _checked(checker: Child, root: pathlib.Path) -> list[str]:
     return merged(per_rank)
 
 
-def _kill_and_check(ctx: Context, async_save: bool, target: str) -> list[str]:
+def _kill_and_check(ctx: Context, async_save: bool, target: str, after: int) -> list[str]:
+    """Kills `target` inside the first save that is half written once `after` steps are trained,
+    checks the folders, then lets the check job load "latest"."""
     run = ctx.folder("sharded-kill")
     project, records, steps, go = run / "project", run / "records", run / "progress", run / "go"
     root = project / "checkpoints"
@@ -152,7 +157,7 @@ def _kill_and_check(ctx: Context, async_save: bool, target: str) -> list[str]:
     # The check job imports torch while the victim trains; it loads once `go` exists.
     checker = ctx.start(on_ranks(role_args(JOB_ROLE, *common, "--check", "--wait-for", go)), run / "checker.log")
     with killed_after(victim, checker):
-        if not wait_until(lambda: _saving(root, steps), victim, JOB_TIMEOUT_S):
+        if not wait_until(lambda: _saving(root, steps, after), victim, JOB_TIMEOUT_S):
             return [f"no save was caught half written after a committed one: the job {victim.ending()}"]
         _kill(victim, steps, target)
         victim.wait()  # torchrun ends the other rank once one died (its deadline bounds this)
@@ -163,7 +168,10 @@ def _kill_and_check(ctx: Context, async_save: bool, target: str) -> list[str]:
 
 
 def sharded_kill_category(ctx: Context) -> list[Outcome]:
-    """SIGKILL to each target inside a sync and an async sharded save (quick: rank 1, async)."""
-    cases = [(a, t) for a in (False, True) for t in TARGETS] if not ctx.quick else [(True, "rank 1")]
-    return [Outcome(f"SIGKILL to {target} inside {'an async' if a else 'a'} sharded save", _kill_and_check(ctx, a, target))
-            for a, target in cases]
+    """SIGKILL to each target inside a sync and an async sharded save after a random step from 1 to
+    `LAST_KILL_STEP` (quick: rank 1, async, after step 1)."""
+    cases = [(True, "rank 1", 1)]
+    if not ctx.quick:
+        cases = [(a, t, ctx.rng.randint(1, LAST_KILL_STEP)) for a in (False, True) for t in TARGETS]
+    return [Outcome(f"SIGKILL to {target} inside {'an async' if a else 'a'} sharded save after step {after}",
+                    _kill_and_check(ctx, a, target, after)) for a, target, after in cases]
