@@ -99,8 +99,12 @@ def _name(fqn: str) -> str:
     return short_repr(fqn, 200)
 
 
+def _are_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and 0 <= v <= _MAX_BYTES for v in value)
+
+
 def _ints(value: Any, what: str) -> list[int]:
-    if not (isinstance(value, list) and all(type(v) is int and 0 <= v <= _MAX_BYTES for v in value)):
+    if not _are_ints(value):
         raise ValueError(f"{what} is not a list of integers from 0 to 2**63 - 1: {short_repr(value, 80)}")
     return value
 
@@ -113,11 +117,11 @@ def _tensor_entry(fqn: str, entry: Any) -> TensorStorageMetadata:
     if math.prod(size) * dtype.itemsize > _MAX_BYTES:
         raise ValueError(f"tensor {_name(fqn)} of size {short_repr(size, 80)} would take more than 2**63 bytes")
     chunks = []
-    for chunk in entry["chunks"]:
-        if not (isinstance(chunk, list) and len(chunk) == 2):
-            raise ValueError(f"a chunk of {_name(fqn)} is not [offsets, sizes]")
-        offsets = _ints(chunk[0], f"a chunk offset of {_name(fqn)}")
-        sizes = _ints(chunk[1], f"a chunk size of {_name(fqn)}")
+    for chunk in entry["chunks"]:  # messages are formatted only on failure: there may be 10**5 chunks
+        if not (isinstance(chunk, list) and len(chunk) == 2 and _are_ints(chunk[0]) and _are_ints(chunk[1])):
+            raise ValueError(f"a chunk of {_name(fqn)} is not [offsets, sizes], lists of integers from 0 to "
+                             f"2**63 - 1: {short_repr(chunk, 80)}")
+        offsets, sizes = chunk
         if not (len(offsets) == len(sizes) == len(size)
                 and all(o + s <= n for o, s, n in zip(offsets, sizes, size))):
             raise ValueError(f"a chunk of {_name(fqn)} lies outside its size {short_repr(size, 80)} "
@@ -143,6 +147,8 @@ def _untiled(size: list[int], chunks: list[ChunkStorageMetadata]) -> str | None:
     pending = [([c for c in chunks if math.prod(c.sizes)], 0)]
     while pending:
         group, dim = pending.pop()
+        if len(group) == 1 and tuple(group[0].sizes[dim:]) == tuple(size[dim:]):
+            continue  # one chunk holding the rest whole (FSDP2's rows): the common case, at once
         if dim == len(size):  # one element of every dimension so far: one chunk must hold the block
             if len(group) != 1:
                 where = short_repr(list(group[0].offsets), 80) if group else "[]"  # none: a scalar's
@@ -192,7 +198,7 @@ def _check_format(data: Any) -> None:
 def _storage_entries(data: list[Any], tensors: dict[str, TensorStorageMetadata]) -> dict[MetadataIndex, _StorageInfo]:
     """Where each chunk's bytes lie, checked: one entry of the chunk's length for every chunk."""
     sizes = _chunk_bytes(tensors)
-    storage = {}
+    storage, stored = {}, set()
     for item in data:
         if not (isinstance(item, dict) and item.get("fqn") in tensors and isinstance(item.get("file"), str)
                 and "/" not in item["file"] and item["file"].endswith(".distcp")):
@@ -203,8 +209,9 @@ def _storage_entries(data: list[Any], tensors: dict[str, TensorStorageMetadata])
             raise ValueError(f"the storage entry of {_name(item['fqn'])} at {short_repr(offset, 80)} is {length} bytes "
                              "long, which is not the size of any of its chunks")
         storage[MetadataIndex(item["fqn"], offset)] = _StorageInfo(item["file"], start, length)
+        stored.add((item["fqn"], tuple(offset)))
     for fqn, offsets in sizes:
-        if MetadataIndex(fqn, offsets) not in storage:
+        if (fqn, offsets) not in stored:
             raise ValueError(f"the chunk of {_name(fqn)} at {short_repr(list(offsets), 80)} has no storage entry: no "
                              "shard file holds its bytes")
     return storage
