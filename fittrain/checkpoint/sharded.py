@@ -6,7 +6,9 @@ A sharded checkpoint keeps the models and optimizers in one subfolder instead of
     shards/__{rank}_0.distcp    the tensors each rank holds (its FSDP2 shards; a replicated tensor
                                 is written once, by one rank) as raw bytes, written in parallel
     shards/metadata.json        where every chunk of every tensor lies (`dcp_io`; never pickled)
-    shards/values.pt            the rest of each state (an optimizer's param_groups), weights_only
+    shards/values.pt            the rest of each state (an optimizer's param_groups), weights_only;
+                                checked against the live states before anything loads, as
+                                strictly as a full checkpoint's optimizer.pt (`restore._check_shards`)
 
 No rank gathers the full state: each writes its shard, so memory grows with the shard, not the
 model. Loading reshards: every rank reads the chunks that overlap what it holds now, on any
