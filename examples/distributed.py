@@ -99,7 +99,7 @@ def main() -> None:
     trainer.fit(Classifier(), train, val)
     acc = trainer.accelerator
     acc.print(f"done: {trainer.state.global_step} optimizer steps on {acc.num_processes} process(es); "
-              f"checkpoints in {args.project_dir}/checkpoints")
+              f"checkpoints in {args.project_dir}/checkpoints/{trainer.run_name}")
     acc.end_training()
 
 

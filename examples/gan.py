@@ -107,7 +107,7 @@ def main() -> None:
               f"g_loss {metrics['train_loss']:.3f}  d_loss {metrics['d_loss']:.3f}")
     acc.print(f"distance to the nearest mode: {before[0]:.3f} before training, {after[0]:.3f} after; "
               f"modes covered: {before[1]}/8 before, {after[1]}/8 after")
-    acc.print(f"checkpoints (both optimizers inside): {project}/checkpoints")
+    acc.print(f"checkpoints (both optimizers inside): {project}/checkpoints/{trainer.run_name}")
 
 
 if __name__ == "__main__":

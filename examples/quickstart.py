@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--project-dir", default=None,
                         help="default: outputs/quickstart, and outputs/quickstart_smoke with --smoke")
-    parser.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
+    parser.add_argument("--resume", default=None, help="a checkpoint folder, a run folder, or 'latest'")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
     if args.smoke:
@@ -96,7 +96,9 @@ def main() -> None:
     )
     trainer.fit(MoonClassifier(), train, val)
     if trainer.accelerator.is_main_process:
-        print(f"checkpoints: {args.project_dir}/checkpoints   TensorBoard logs: {args.project_dir}/logs")
+        # One folder per run, named alike under checkpoints/ and logs/; "latest" continues the run started last.
+        run = trainer.run_name
+        print(f"checkpoints: {args.project_dir}/checkpoints/{run}   TensorBoard logs: {args.project_dir}/logs/{run}")
         again = f"--resume latest --epochs {args.epochs + 2}"
         if args.smoke:  # --smoke would set the sizes again: name the smoke run's folder and sizes instead
             again += f" --samples {args.samples} --project-dir {args.project_dir}"

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, GradClip
+from fittrain.checkpoint.run_folders import run_checkpoints
 
 
 class Regressor(TrainModule):
@@ -103,7 +104,7 @@ def main() -> None:
                 callbacks=[Checkpointer(every_n_steps=args.save_every), CrashAfter(args.crash_at)])
         except SimulatedCrash as crash:
             print(f"  {crash}")
-        saved = sorted(p.name for p in (root / "job" / "checkpoints").iterdir())
+        saved = [p.name for p in run_checkpoints(root / "job")]  # the run's folder, checkpoints/<run name>
         print(f"  checkpoints on disk: {', '.join(saved)}")
 
         print("3. a fresh Trainer (other seed, other initial weights) resumes from 'latest'")

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, GradClip
+from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
 
 OUTPUT_DIR = pathlib.Path("outputs/streaming")
 SMOKE_OUTPUT_DIR = pathlib.Path("outputs/streaming_smoke")  # a smoke run never deletes a full run's files
@@ -219,7 +220,7 @@ def main() -> None:
             callbacks=[Checkpointer(every_n_steps=args.save_every), KillAfter(args.stop_after)])
     except SimulatedKill as kill:
         print(f"  {kill}")
-    saved = sorted((job_dir / "checkpoints").iterdir(), key=lambda p: int(p.name.rsplit("_", 1)[-1]))
+    saved = run_checkpoints(job_dir)  # the run's folder, checkpoints/<run name>
     print(f"  checkpoints on disk: {', '.join(p.name for p in saved)}")
 
     print("3. a fresh Trainer (other seed, other initial weights) resumes from 'latest'")
@@ -230,7 +231,7 @@ def main() -> None:
     ref_state, res_state = reference.state_dict(), resumed.state_dict()
     equal = all(torch.equal(ref_state[k], res_state[k]) for k in ref_state)
     print(f"final weights equal to the uninterrupted run's (torch.equal): {equal}")
-    print(f"checkpoints: {job_dir / 'checkpoints'}")
+    print(f"checkpoints: {run_folder(job_dir)}")
     if not equal:
         raise SystemExit(1)
 
