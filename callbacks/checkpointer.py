@@ -132,15 +132,17 @@ def _check_writable(folder: pathlib.Path) -> None:
 
 
 class Checkpointer(Callback):
-    """Saves checkpoints with `accelerator.save_state()` as `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`.
+    """Saves checkpoints with `accelerator.save_state()` into the run's folder.
 
-    Each fit is a run with its own folder (`trainer.run_name`, which also names its logs), and
-    `i` counts that run's saves from 0. Each folder holds everything a resume needs (model,
-    optimizer, scheduler, scaler, RNG, data position, trainer and callback states);
-    `model.safetensors` loads with safetensors alone. A resumed run saves on into its run's
-    folder, numbering on after its newest folder, so nothing is ever overwritten; `total_limit`
-    and `save_top_k` delete only folders of this run, never another run's. Every process takes part in a save (it is collective); only the
-    main process writes shared files. A step is saved at most once, even when both triggers fire.
+    The folders are `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`: each fit is a run with
+    its own folder (`trainer.run_name`, which also names its logs), and `i` counts that run's
+    saves from 0. Each folder holds everything a resume needs (model, optimizer, scheduler,
+    scaler, RNG, data position, trainer and callback states); `model.safetensors` loads with
+    safetensors alone. A resumed run saves on into its run's folder, numbering on after its
+    newest folder, so nothing is ever overwritten; `total_limit` and `save_top_k` delete only
+    folders of this run, never another run's. Every process takes part in a save (it is
+    collective); only the main process writes shared files. A step is saved at most once, even
+    when both triggers fire.
 
     With `async_save=True` a save copies the state to CPU memory and returns; the files are
     written on a background thread while training goes on, and the folder appears when they are

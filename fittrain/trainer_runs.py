@@ -138,10 +138,11 @@ def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, nam
             if _is_run_folder(candidate):  # a run folder: its newest intact checkpoint
                 return RunPlan(name="", checkpoint=latest_checkpoint(candidate, warn), newest=True)
             return RunPlan(name="", checkpoint=candidate)
+    received = short_repr(os.fspath(resume_from), 400)
     raise FileNotFoundError(
-        f"`resume_from` names a folder that does not exist. Received: resume_from={short_repr(os.fspath(resume_from), 400)}. "
-        "Pass an existing checkpoint folder such as 'checkpoints/run_a/checkpoint_3', a run folder such as "
-        "'checkpoints/run_a' (its newest checkpoint), or 'latest'.")
+        f"`resume_from` names a folder that does not exist. Received: resume_from={received}. Pass an existing "
+        "checkpoint folder such as 'checkpoints/run_a/checkpoint_3', a run folder such as 'checkpoints/run_a' (its "
+        "newest checkpoint), or 'latest'.")
 
 
 def _is_run_folder(folder: pathlib.Path) -> bool:
