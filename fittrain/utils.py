@@ -163,9 +163,9 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     plain map-style DataLoader becomes the same DataLoader over its batch sampler minus the first
     batches, also without loading them; any other iterable is read and its first batches dropped.
     """
-    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
-        raise ValueError(f"`num_batches` must be a non-negative integer. Received: num_batches={num_batches!r:.80}.")
-    from .data import PositionedSource, SkippedDataLoader
+    from .data import PositionedSource, SkippedDataLoader, check_skip_count
+
+    check_skip_count(num_batches)
 
     if isinstance(dataloader, (PositionedSource, SkippedDataLoader)):
         return SkippedDataLoader(getattr(dataloader, "loader", dataloader), num_batches)

@@ -80,6 +80,9 @@ def test_skip_first_batches_of_a_plain_loader_keeps_its_order_and_loads_nothing_
     assert fittrain.skip_first_batches is skip_first_batches
     with pytest.raises(ValueError, match="`num_batches` must be a non-negative integer. Received: num_batches=-1"):
         skip_first_batches([], num_batches=-1)
+    for bad in ("3", 1.5, True):  # the same check as the Accelerator's method, at the call
+        with pytest.raises(TypeError, match="`num_batches` must be a non-negative integer"):
+            skip_first_batches([], num_batches=bad)
 
 
 def test_skip_first_batches_of_a_stream_and_a_prepared_loader() -> None:

@@ -41,7 +41,8 @@ Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); la
 saves); rng (RNG capture and restore);
 model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
 (Accelerate's save/load pre-hooks); sharded (DCP shards: write, verify, read, whole_model);
-dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only).
+dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only); arguments (checks of
+save_state/load_state/Checkpointer arguments); run_folders (the Trainer's one folder per run).
 """
 
 from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
