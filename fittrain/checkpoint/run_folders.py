@@ -15,23 +15,23 @@ import os
 import pathlib
 import re
 
-from typing import Union
-
 from .renames import fsync_dir
-
-_Path = Union[str, "os.PathLike[str]"]
 
 CHECKPOINTS_DIR = "checkpoints"
 RUN_FILE = "run.json"
 _CHECKPOINT_NAME = re.compile(r"checkpoint_[0-9]+")
+_MAX_RUN_FILE = 4096  # bytes
 
 
 def read_start(run_dir: pathlib.Path) -> int:
     """The start number in `run_dir`'s run.json; -1 when it is missing or unreadable, so such a
     folder ranks below every recorded run (it is still a candidate)."""
     try:
-        value = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8")).get("start")
-    except (OSError, ValueError, AttributeError):
+        with open(run_dir / RUN_FILE, "rb") as f:
+            raw = f.read(_MAX_RUN_FILE + 1)
+        # A few dozen bytes when fittrain writes it: anything large or deeply nested is not its file.
+        value = json.loads(raw).get("start") if len(raw) <= _MAX_RUN_FILE else None
+    except (OSError, ValueError, AttributeError, RecursionError):
         return -1
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
@@ -77,7 +77,7 @@ def holds_checkpoints(folder: pathlib.Path) -> bool:
                                    for entry in folder.iterdir())
 
 
-def run_folder(project_dir: _Path, run_name: str | None = None) -> pathlib.Path:
+def run_folder(project_dir: str | os.PathLike[str], run_name: str | None = None) -> pathlib.Path:
     """A Trainer run's checkpoint folder, `{project_dir}/checkpoints/{run_name}`; without a name,
     the most recently started run's (which "latest" resumes when it holds an intact checkpoint).
 
@@ -96,7 +96,7 @@ def run_folder(project_dir: _Path, run_name: str | None = None) -> pathlib.Path:
     return runs[0]
 
 
-def run_checkpoints(project_dir: _Path, run_name: str | None = None) -> list[pathlib.Path]:
+def run_checkpoints(project_dir: str | os.PathLike[str], run_name: str | None = None) -> list[pathlib.Path]:
     """The `checkpoint_{i}` folders (complete or not) of a Trainer run, oldest first: of `run_name`,
     or of the most recently started run; empty when the project has no such run.
 

@@ -18,7 +18,7 @@ import torch
 from fittrain import Accelerator, Callback, ProjectConfiguration, Trainer
 from fittrain.callbacks import Checkpointer, Logger
 from fittrain.checkpoint import list_checkpoints
-from fittrain.checkpoint.run_folders import RUN_FILE, run_folder, run_folders
+from fittrain.checkpoint.run_folders import RUN_FILE, read_start, record_run_start, run_folder, run_folders
 
 
 def _files(folder: pathlib.Path) -> dict[str, bytes]:
@@ -223,3 +223,16 @@ def test_project_configuration_refuses_a_bool_total_limit(value):
     with pytest.raises(ValueError, match=rf"`ProjectConfiguration\(total_limit=\.\.\.\)` must be a positive int .*"
                                          rf"Received: total_limit={value}\. Pass e\.g\. total_limit=3"):
         ProjectConfiguration(total_limit=value)
+
+
+def test_a_damaged_run_file_ranks_its_run_last_and_never_raises(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name, text in [("nested", "[" * 5000 + "]" * 5000), ("huge", " " * 10_000 + "{}"), ("garbled", "\xff{"),
+                       ("wrong", '{"start": "7"}')]:
+        (root / name).mkdir(parents=True)
+        (root / name / RUN_FILE).write_text(text, encoding="latin-1")
+    record_run_start(root / "first")
+    record_run_start(root / "second")
+    assert [read_start(root / name) for name in ("nested", "huge", "garbled", "wrong", "first", "second")] == [
+        -1, -1, -1, -1, 0, 1]
+    assert [p.name for p in run_folders(root)][:2] == ["second", "first"]
