@@ -195,6 +195,16 @@ def test_scalars_and_empty_tensors_tile_with_their_one_chunk(tmp_path) -> None:
         metadata_from_json(data)
 
 
+def test_chunks_that_share_bytes_are_refused(tmp_path) -> None:
+    """Chunks read from the same bytes again and again could describe a tensor larger than every
+    file together; `RawWriter` writes each chunk's bytes after the last."""
+    _chunked(tmp_path / "c", torch.randn(4, 6), _TILINGS["rows"])
+    data = json.loads((tmp_path / "c" / METADATA_NAME).read_text())
+    data["storage"][1]["start"] = 8
+    with pytest.raises(ValueError, match=r"the bytes of 'w' and 'w' overlap in '__0_0.distcp' \(at byte 8\)"):
+        metadata_from_json(data)
+
+
 def test_metadata_of_the_pre_release_format_is_refused_not_read(tmp_path) -> None:
     """fittrain 0.1.0 was never released: its shard files (a `torch.save` archive per chunk, and no
     "items" in metadata.json) are refused as damaged instead of read by a second reader."""

@@ -214,7 +214,20 @@ def _storage_entries(data: list[Any], tensors: dict[str, TensorStorageMetadata])
         if (fqn, offsets) not in stored:
             raise ValueError(f"the chunk of {_name(fqn)} at {short_repr(list(offsets), 80)} has no storage entry: no "
                              "shard file holds its bytes")
+    _check_disjoint(storage)
     return storage
+
+
+def _check_disjoint(storage: dict[MetadataIndex, _StorageInfo]) -> None:
+    """Refuses chunks whose bytes share a place in a file (`RawWriter` writes them one after
+    another): chunks read from the same bytes many times would make a tensor larger than every file
+    together, and allocating it would fail inside torch."""
+    ranges = sorted((info.relative_path, info.offset, info.offset + info.length, index.fqn)
+                    for index, info in storage.items() if info.length)
+    for (file, _, end, fqn), (next_file, start, _, other) in zip(ranges, ranges[1:]):
+        if file == next_file and start < end:
+            raise ValueError(f"the bytes of {_name(fqn)} and {_name(other)} overlap in {short_repr(file, 60)} "
+                             f"(at byte {start})")
 
 
 def metadata_from_json(data: Any) -> Metadata:

@@ -103,8 +103,8 @@ def _absurd_forgery(size: list[int]) -> Callable[[dict[str, Any]], None]:
     def change(data: dict[str, Any]) -> None:
         data["tensors"]["model_0/0.weight"] = {"dtype": "float32", "size": size, "chunks": [[[0, 0], size]]}
         data["storage"] = [s for s in data["storage"] if s["fqn"] != "model_0/0.weight"]
-        data["storage"].append({"fqn": "model_0/0.weight", "offset": [0, 0], "file": "__0_0.distcp", "start": 0,
-                                "length": size[0] * size[1] * 4})
+        data["storage"].append({"fqn": "model_0/0.weight", "offset": [0, 0], "file": "__0_0.distcp",
+                                "start": 10**9, "length": size[0] * size[1] * 4})  # after every other chunk
     return change
 
 
@@ -128,7 +128,7 @@ ATTACKS = {
     "no chunks at all": (_no_chunks, rf"'model_0/0\.bias'.* indices 0 to 256 {_GAP}"),
     "size 10**12 rows": (_absurd_size([10**12, 16]), rf"'model_0/0\.weight'.* indices 256 to {10**12} {_GAP}"),
     "size 2**70 rows": (_absurd_size([2**70, 16]), r"the size of 'model_0/0\.weight' is not a list of integers"),
-    "forged 10**12 rows": (_absurd_forgery([10**12, 16]), r"places 'model_0/0\.weight' at bytes 0 to 64000000000000"),
+    "forged 10**12 rows": (_absurd_forgery([10**12, 16]), r"places 'model_0/0\.weight' at bytes 10+ to \d+ of __0_0"),
     "forged 2**70 rows": (_absurd_forgery([2**70, 16]), r"the size of 'model_0/0\.weight' is not a list of integers"),
     "a chunk without storage": (_no_storage_entry, r"'model_0/2\.weight' at \[128, 0\] has no storage entry"),
     "no items": (_no_items, r"no \"items\".* pre-release fittrain"),
