@@ -405,12 +405,6 @@ class RawReader(FileSystemReader):
         planner.commit_tensor(item, target)
 
 
-def storage_reader(path: str | os.PathLike[str], metadata: Metadata,
-                   held: dict[str, BinaryIO] | None = None) -> RawReader:
-    """The reader of the shard files in `path` that `metadata` describes (`held` files read first)."""
-    return RawReader(path, metadata, held)
-
-
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner, refusing non-tensor entries (DCP would unpickle them)."""
 

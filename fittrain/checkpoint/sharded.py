@@ -297,13 +297,13 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
     """
     import torch.distributed.checkpoint as dcp
 
-    from .dcp_io import TensorsOnlyLoadPlanner, storage_reader
+    from .dcp_io import RawReader, TensorsOnlyLoadPlanner
 
     no_dist = not (collective and dist.is_initialized())
     prefix = f"{SHARDS_DIR}/"
     held = {name[len(prefix):]: file for name, file in reader.held.items() if name.startswith(prefix)}
     with _first_failure(), _one_process_is_fine(no_dist):
-        dcp.load(tensors, storage_reader=storage_reader(reader.path / SHARDS_DIR, metadata, held),
+        dcp.load(tensors, storage_reader=RawReader(reader.path / SHARDS_DIR, metadata, held),
                  planner=TensorsOnlyLoadPlanner(), no_dist=no_dist)
 
 
