@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.dcp_io import (
-    METADATA_NAME, RawReader, RawWriter, TensorsOnlyLoadPlanner, _span, metadata_from_json, storage_reader,
+    METADATA_NAME, RawReader, RawWriter, TensorsOnlyLoadPlanner, _span, metadata_from_json,
 )
 
 
@@ -32,7 +32,7 @@ def _load(folder: pathlib.Path, targets: dict[str, torch.Tensor]) -> None:
     data = json.loads((folder / METADATA_NAME).read_text())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(targets, storage_reader=storage_reader(folder, metadata_from_json(data)),
+        dcp.load(targets, storage_reader=RawReader(folder, metadata_from_json(data)),
                  planner=TensorsOnlyLoadPlanner(), no_dist=True)
 
 
