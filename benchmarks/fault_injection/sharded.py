@@ -5,7 +5,8 @@ One 2-process FSDP2 job (torchrun, gloo, CPU; the ``_sharded`` role) builds the 
 rank 0 copies it and attacks checkpoint_1, and every rank checks a fresh `ShardedRig`, seeded
 differently, against the copy, as `attacks` does on one process: loading checkpoint_1 must raise a
 CheckpointError naming the file on every rank and change nothing live; "latest" must pass over it
-with a warning and restore checkpoint_0 exactly; a planted pickle must never run. Rank 0 gathers
+with a warning and restore checkpoint_0 exactly; a planted pickle must never run. Where the
+attack spoils the weights, `load_model_weights` and `consolidate` must refuse it too (on rank 0). Rank 0 gathers
 every rank's problems and reports them as the worker's events (see `worker`): a scenario that
 hangs or kills the job is counted as failed, and the job restarts after it.
 """
@@ -20,9 +21,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from fittrain.checkpoint import is_intact
+from fittrain.checkpoint import is_intact, load_model_weights
+from fittrain.consolidate import consolidate
 
-from .attacks import refused, skipped
+from .attacks import expect_checkpoint_error, refused, skipped
 from .checks import OTHER_SEED, Outcome, merged, short
 from .children import MODULE, Context, emit, on_ranks
 from .sharded_files import ShardedAttack, sharded_attacks
@@ -68,7 +70,20 @@ def _attacked(spec: ShardedAttack, base: _Base, scenario_dir: pathlib.Path, dama
             problems.append(f"is_intact() calls the damaged {folder.name} intact")
     rig = ShardedRig(project, seed=OTHER_SEED, groups=spec.groups)
     rig.step(3)
-    return problems + refused(rig, folder, culprit) + skipped(rig, folder, base.saved, spec.mismatch)
+    problems += refused(rig, folder, culprit) + skipped(rig, folder, base.saved, spec.mismatch)
+    if spec.weights and dist.get_rank() == 0:
+        problems += _weights_refused(folder, culprit, scenario_dir / "consolidated")
+    return problems
+
+
+def _weights_refused(folder: pathlib.Path, culprit: str, out: pathlib.Path) -> list[str]:
+    """Problems unless `load_model_weights` and `consolidate` refuse `folder` naming `culprit`, writing nothing."""
+    name = folder.name
+    problems = expect_checkpoint_error(lambda: load_model_weights(folder), culprit, f"load_model_weights({name})")
+    problems += expect_checkpoint_error(lambda: consolidate(folder, out), culprit, f"consolidate({name})")
+    if out.exists():
+        problems.append(f"the refused consolidate({name}) wrote {sorted(p.name for p in out.iterdir())[:3]}")
+    return problems
 
 
 def _scenario(spec: ShardedAttack, base: _Base, scenario_dir: pathlib.Path, damaged: bool) -> list[str] | None:

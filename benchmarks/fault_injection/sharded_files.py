@@ -41,11 +41,14 @@ class ShardedAttack:
         groups: AdamW's parameter groups in the live run that loads it (`ShardedRig`).
         mismatch: The folder does not fit the live run (other parameter groups): "latest" may then
             raise CheckpointMismatchError, changing nothing, instead of passing over it.
+        weights: The attack spoils what `load_model_weights` and `consolidate` read (the shards,
+            metadata.json, values.pt, the manifest): they too must refuse, naming the file.
     """
 
     attack: Attack
     groups: int = 1
     mismatch: bool = False
+    weights: bool = False
 
 
 def _damage(damage: str, name: str) -> Attack:
@@ -133,13 +136,13 @@ def _nothing(folder: pathlib.Path, marker: pathlib.Path) -> str:
 
 
 HOSTILE: dict[str, ShardedAttack] = {
-    f"metadata.json: chunks cover half of {TENSOR}": ShardedAttack(_json(METADATA_PATH, _half_covered)),
-    f"metadata.json: {TENSOR} of 10**12 rows": ShardedAttack(_json(METADATA_PATH, _rows(10**12))),
-    f"metadata.json: {TENSOR} of 2**70 rows": ShardedAttack(_json(METADATA_PATH, _rows(2**70))),
-    "metadata.json: a chunk without a storage entry": ShardedAttack(_json(METADATA_PATH, _no_storage)),
-    'metadata.json without "items"': ShardedAttack(_json(METADATA_PATH, lambda d: d.pop("items"))),
-    f"metadata.json: {TENSOR} of 5,000 dimensions": ShardedAttack(_json(METADATA_PATH, _dimensions)),
-    "values.pt: a pickle whose __reduce__ writes a file": ShardedAttack(_pickle(VALUES_NAME)),
+    f"metadata.json: chunks cover half of {TENSOR}": ShardedAttack(_json(METADATA_PATH, _half_covered), weights=True),
+    f"metadata.json: {TENSOR} of 10**12 rows": ShardedAttack(_json(METADATA_PATH, _rows(10**12)), weights=True),
+    f"metadata.json: {TENSOR} of 2**70 rows": ShardedAttack(_json(METADATA_PATH, _rows(2**70)), weights=True),
+    "metadata.json: a chunk without a storage entry": ShardedAttack(_json(METADATA_PATH, _no_storage), weights=True),
+    'metadata.json without "items"': ShardedAttack(_json(METADATA_PATH, lambda d: d.pop("items")), weights=True),
+    f"metadata.json: {TENSOR} of 5,000 dimensions": ShardedAttack(_json(METADATA_PATH, _dimensions), weights=True),
+    "values.pt: a pickle whose __reduce__ writes a file": ShardedAttack(_pickle(VALUES_NAME), weights=True),
     "values.pt: optimizer state that is a list": ShardedAttack(
         _torch(VALUES_NAME, lambda d: d["optimizer_0"].__setitem__("state", [1, 2, 3]))),
     "values.pt: lr='evil'": ShardedAttack(_torch(VALUES_NAME, _set("lr", "evil"))),
@@ -153,7 +156,8 @@ HOSTILE: dict[str, ShardedAttack] = {
     "data_states_0.pt: a pickle whose __reduce__ writes a file": ShardedAttack(_pickle("data_states_0.pt")),
 }
 DAMAGED: dict[str, ShardedAttack] = {
-    f"{damage} {name}": ShardedAttack(_damage(damage, name)) for damage in SHARD_DAMAGES for name in SHARD_FILES}
+    f"{damage} {name}": ShardedAttack(_damage(damage, name), weights=not name.startswith("data_states"))
+    for damage in SHARD_DAMAGES for name in SHARD_FILES}
 #: --quick: one damage of each kind of file, and one hostile file per defect of issue 23 and per file.
 QUICK = ("flip a byte in shards/__1_0.distcp", "truncate shards/metadata.json", "empty shards/values.pt",
          "delete data_states_1.pt", "values.pt: a pickle whose __reduce__ writes a file",
