@@ -29,7 +29,8 @@ TOTAL = re.compile(r"^total: (\d+)/(\d+) survived", re.MULTILINE)
 #: Categories of each run, and how many scenarios they run wherever the tests run (disk-full needs
 #: root and tmpfs; the sharded-files job attacks each kind of sharded file, see sharded_files.QUICK).
 RUNS = {
-    "single-process": (("kill-sync", "kill-async", "disk-full", "damaged", "hostile", "two-writers", "sigterm-rank"), 6),
+    "single-process": (
+        ("kill-sync", "kill-async", "disk-full", "damaged", "hostile", "two-writers", "sigterm-rank"), 6),
     "sharded": (("sharded-kill", "sharded-files"), 10),
 }
 #: Marks the script and every process it starts (torchrun's workers live in sessions of their own).
