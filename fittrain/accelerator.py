@@ -123,10 +123,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                             f"{project_dir!r:.100} (type {type(project_dir).__name__}).")
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
-            if self.project_configuration.logging_dir is None:
-                # Accelerate's layout: trackers write {project_dir}/{project_name} (the Trainer's
-                # Logger keeps its own {project_dir}/logs through its ProjectConfiguration).
-                self.project_configuration.logging_dir = os.fspath(project_dir)
+            # Accelerate's layout: trackers write {project_dir}/{project_name} unless a logging_dir
+            # was given (the Trainer gives its own {project_dir}/logs, where the Logger keeps runs).
             self.project_configuration.set_directories(project_dir)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,

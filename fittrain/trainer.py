@@ -161,7 +161,8 @@ class Trainer:
             accelerator = Accelerator(
                 gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
                 strategy=check_strategy(strategy),
-                project_config=ProjectConfiguration(self.project_dir, automatic_checkpoint_naming=True))
+                project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
+                                                    automatic_checkpoint_naming=True))
         use_compile(accelerator, compile_options)
         self.accelerator = accelerator
         self.state = TrainState()

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Accelerator, DistributedType, ProjectConfiguration
+from fittrain import Accelerator, DistributedType, ProjectConfiguration, Trainer
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -72,6 +72,9 @@ def test_project_dir_sets_the_logging_dir(tmp_path):
     assert accelerator.logging_dir == str(tmp_path)  # Accelerate's: the project folder itself
     given = ProjectConfiguration(logging_dir=str(tmp_path / "tb"))
     assert Accelerator(cpu=True, project_dir=tmp_path, project_config=given).logging_dir == str(tmp_path / "tb")
+    # A ProjectConfiguration alone too (Accelerate's __post_init__), and the Trainer keeps its logs/ folder.
+    assert Accelerator(cpu=True, project_config=ProjectConfiguration(str(tmp_path))).logging_dir == str(tmp_path)
+    assert Trainer(project_dir=tmp_path).accelerator.logging_dir == str(tmp_path / "logs")
     assert list(tmp_path.iterdir()) == []  # nothing is created until something is written
 
 

@@ -37,7 +37,7 @@ class ProjectConfiguration:
 
     Args:
         project_dir: Root folder of the project; defaults to the working directory.
-        logging_dir: Where loggers write; defaults to `{project_dir}/logs`.
+        logging_dir: Where trackers write; defaults to `project_dir`, as in Accelerate.
         automatic_checkpoint_naming: Name checkpoint folders automatically.
         total_limit: Keep at most this many automatic checkpoints (oldest are deleted).
         iteration: Number of the next automatic checkpoint.
@@ -81,7 +81,7 @@ class ProjectConfiguration:
         """Sets `project_dir` and derives `logging_dir` from it when none was given."""
         self.project_dir = os.fspath(project_dir) if project_dir is not None else None
         if self.logging_dir is None and self.project_dir is not None:
-            self.logging_dir = os.path.join(self.project_dir, "logs")
+            self.logging_dir = self.project_dir
 
     @property
     def checkpoints_root(self) -> pathlib.Path:
