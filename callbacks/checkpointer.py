@@ -11,6 +11,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from fittrain.checkpoint import CheckpointError
+from fittrain.checkpoint.arguments import check_async_save
 from fittrain.checkpoint.naming import PREFIX, ProjectConfiguration, delete_checkpoints, is_checkpoint_name
 from fittrain.events import Callback
 
@@ -198,11 +199,7 @@ class Checkpointer(Callback):
         if every_n_steps is None and every_n_epochs is None:
             raise ValueError("`Checkpointer` needs a trigger: pass every_n_steps=... and/or every_n_epochs=... "
                              "Received: every_n_steps=None, every_n_epochs=None.")
-        if not isinstance(async_save, bool):
-            raise TypeError(f"`Checkpointer(async_save=...)` must be True or False. Received: "
-                            f"async_save={async_save!r} (type {type(async_save).__name__}). "
-                            "Pass async_save=True to write checkpoints in the background.")
-        self.async_save = async_save
+        self.async_save = check_async_save(async_save, "Checkpointer")
         self.last_checkpoint: str | None = None
         self._seen_step = 0
         self._last_saved_step: int | None = None

@@ -2,7 +2,8 @@
 
 One folder (its files: `snapshot`), written atomically and verified on every read:
 
-    {project_dir}/checkpoints/checkpoint_{i}/     automatic naming (`naming`); any folder otherwise
+    {project_dir}/checkpoints/[{run}/]checkpoint_{i}/  automatic naming (`naming`; the Trainer adds
+                                                  a folder per run, `run_folders`); any folder otherwise
         model.safetensors, optimizer.pt, ...      weights, state dicts (weights_only), scaler.pt
         shards/                                   instead, state_dict_type="sharded" (FSDP2's default):
                                                   each rank's shards as raw bytes + metadata.json (`sharded`)
