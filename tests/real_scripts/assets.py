@@ -2,7 +2,8 @@
 
 The scripts under upstream/ load `AutoTokenizer.from_pretrained("bert-base-cased")`,
 `AutoModelForSequenceClassification.from_pretrained("bert-base-cased")`,
-`load_dataset("nyu-mll/glue", "mrpc")` and `evaluate.load("glue", "mrpc")`. Each of these
+`load_dataset("nyu-mll/glue", "mrpc")` and `evaluate.load("glue", "mrpc")` (and the causal-LM
+example `HuggingFaceTB/SmolLM-360M` and `Salesforce/wikitext`). Each of these
 libraries takes a name that is an existing folder in the working directory as a local path
 before it asks the Hub, so a run started in a folder holding
 
@@ -11,6 +12,8 @@ before it asks the Hub, so a run started in a folder holding
     nyu-mll/glue/         the "mrpc" configuration as parquet files, declared in README.md's
                           `configs:` YAML, with MRPC's columns and ClassLabel names
     glue/glue.py          an `evaluate` metric module (glue_metric.py beside this file)
+    HuggingFaceTB/SmolLM-360M/  a 2-layer Llama of width 16, with the same tokenizer and an eos token
+    Salesforce/wikitext/  the "wikitext-2-v1" configuration (a `text` column), declared the same way
 
 never reaches the network (the tests also set HF_HUB_OFFLINE and friends, so a name that did
 not resolve locally fails instead of downloading). The data are random sentences over a small
@@ -42,7 +45,20 @@ def build_assets(root: pathlib.Path) -> pathlib.Path:
     _write_mrpc(root / "nyu-mll" / "glue")
     (root / "glue").mkdir(exist_ok=True)
     shutil.copyfile(pathlib.Path(__file__).with_name("glue_metric.py"), root / "glue" / "glue.py")
+    _write_causal_lm(root / "HuggingFaceTB" / "SmolLM-360M")
+    _write_wikitext(root / "Salesforce" / "wikitext")
     return root
+
+
+def _write_tokenizer(folder: pathlib.Path, **settings: object) -> list[str]:
+    """A WordPiece tokenizer over SPECIAL + WORDS (vocab.txt and its config); returns the vocabulary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = SPECIAL + sorted(set(WORDS))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": False, "model_max_length": 64, **settings}),
+        encoding="utf-8")
+    return vocab
 
 
 def _write_bert(folder: pathlib.Path) -> None:
@@ -50,16 +66,41 @@ def _write_bert(folder: pathlib.Path) -> None:
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = SPECIAL + sorted(set(WORDS))
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "BertTokenizer", "do_lower_case": False, "model_max_length": 64}), encoding="utf-8")
+    vocab = _write_tokenizer(folder)
     config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=64, num_labels=2,
                         initializer_range=0.5)  # wide weights: predictions differ between inputs from the start
     torch.manual_seed(0)  # the same weights on every build
     BertForSequenceClassification(config).save_pretrained(folder)
+
+
+def _write_causal_lm(folder: pathlib.Path) -> None:
+    """A tiny Llama for HuggingFaceTB/SmolLM-360M, whose tokenizer has the eos token the script pads with."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = _write_tokenizer(folder, eos_token="[SEP]")
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         bos_token_id=vocab.index("[CLS]"), eos_token_id=vocab.index("[SEP]"))
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+def _write_wikitext(folder: pathlib.Path) -> None:
+    """Salesforce/wikitext's "wikitext-2-v1" configuration: one `text` column, some lines empty as
+    in the original; the script takes the first 500 training rows, so there are 500."""
+    from datasets import Dataset
+
+    rng, rows = random.Random(1), {"train": 500, "validation": 32, "test": 32}
+    (folder / "wikitext-2-v1").mkdir(parents=True, exist_ok=True)
+    for split, count in rows.items():
+        text = ["" if i % 10 == 0 else _sentence(rng) for i in range(count)]
+        Dataset.from_dict({"text": text}).to_parquet(str(folder / "wikitext-2-v1" / f"{split}.parquet"))
+    files = "".join(f"  - split: {split}\n    path: wikitext-2-v1/{split}.parquet\n" for split in rows)
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: wikitext-2-v1\n  data_files:\n{files}---\n"
+                                      "A tiny offline stand-in for WikiText-2, made by tests/real_scripts/assets.py.\n",
+                                      encoding="utf-8")
 
 
 def _sentence(rng: random.Random) -> str:

@@ -36,7 +36,7 @@ import traceback
 #: `from accelerate...` and `import accelerate...` at any indentation; group 2 is the module name.
 IMPORT_LINE = re.compile(r"^(\s*(?:from|import)\s+)(accelerate)(?=[\s.])", re.MULTILINE)
 #: The asset folders linked into every run folder, under the names the scripts load.
-ASSET_NAMES = ("bert-base-cased", "nyu-mll", "glue")
+ASSET_NAMES = ("bert-base-cased", "nyu-mll", "glue", "HuggingFaceTB", "Salesforce")
 
 
 def rewrite_imports(source: str) -> str:

@@ -54,6 +54,8 @@ SCRIPTS = {
     "accelerate/by_feature/ddp_comm_hook.py": "9f91ae5816a15ea731f9e6f09cf412b0f77509a022583bb967a97aa6a6110fde",
     "accelerate/by_feature/early_stopping.py": "300acf6b8bd29ea35642e503d928f09da28358edb06b08abf28644147621fed6",
     "accelerate/by_feature/gradient_accumulation.py": "b7fb15066d3953d1583e82abff1c14103810658aad5b1412422322d88c0c69d6",
+    "accelerate/by_feature/gradient_accumulation_for_autoregressive_models.py":
+        "61a8680c477a1f015ffb69c4d4169b50208449aea159eb97bddf1ea97ed08133",
     "accelerate/by_feature/local_sgd.py": "683186d8d415d78bd59fc0651e0637fe03f50c8220803f369c43906070fdee94",
     "accelerate/by_feature/memory.py": "b45d0d037379bca85b72fb424e2213efa9076dc3cbf202891c7e33dadfcec7a7",
     "accelerate/by_feature/multi_process_metrics.py": "ba2d02f099ecc3e6d030f34186e688606fffd5245f3ec0ffdc99b71d64c798c1",
@@ -88,6 +90,8 @@ RUNS = (
     Run("ddp_comm_hook", _FEATURE + "ddp_comm_hook.py", ("--ddp_comm_hook", "fp16")),
     Run("early_stopping", _FEATURE + "early_stopping.py"),
     Run("gradient_accumulation", _FEATURE + "gradient_accumulation.py", ("--gradient_accumulation_steps", "2")),
+    Run("gradient_accumulation_for_autoregressive_models", _FEATURE + "gradient_accumulation_for_autoregressive_models.py",
+        ("--gradient_accumulation_steps", "2", "--per_device_batch_size", "16")),
     Run("local_sgd", _FEATURE + "local_sgd.py", ("--local_sgd_steps", "2")),
     Run("memory", _FEATURE + "memory.py"),
     Run("multi_process_metrics", _FEATURE + "multi_process_metrics.py"),
@@ -97,7 +101,15 @@ RUNS = (
 )
 #: Resume runs and the uninterrupted runs they must end like.
 RESUMES = {"complete_nlp_example_resume": "complete_nlp_example", "checkpointing_resume": "checkpointing"}
-#: Runs that cannot pass on fittrain today, with the missing piece (see the module docstring).
+#: Runs whose 1-process results differ from Accelerate's today, with the difference; they finish.
+ONE_PROCESS_GAPS = {
+    "gradient_accumulation_for_autoregressive_models":
+        "gather_for_metrics on 1 process keeps every row of the last batch: the script (line 283) gathers "
+        "loss.repeat(EVAL_BATCH_SIZE) per batch, and Accelerate cuts the last batch's result to "
+        "len(dataset) % total_batch_size rows on any number of processes, fittrain only on a padded round, so "
+        "the mean eval_loss and perplexity printed differ (the forward passes are bitwise equal)",
+}
+#: Runs that cannot finish on fittrain today, with the missing piece (see the module docstring).
 GAPS = {
     "schedule_free": "fittrain's AcceleratedOptimizer has no train()/eval(): schedule_free.py line 176 calls "
                      "optimizer.train() (and line 189 optimizer.eval()), which Accelerate's AcceleratedOptimizer "
@@ -190,13 +202,13 @@ def _result(results: dict, lib: str, nproc: int, name: str, rank: int = 0) -> di
 
 
 def _metric_lines(result: dict) -> list[str]:
-    """The lines a script printed with its evaluation metrics."""
-    return [line for line in result["lines"] if "'accuracy'" in line]
+    """The lines a script printed with its evaluation metrics (`epoch N: ...`, cross-validation's average)."""
+    return [line for line in result["lines"] if line.startswith(("epoch ", "Average test metrics"))]
 
 
-def _params() -> list:
-    return [pytest.param(run.name, marks=pytest.mark.xfail(strict=True, reason=GAPS[run.name]))
-            if run.name in GAPS else run.name for run in RUNS]
+def _params(gaps: dict[str, str]) -> list:
+    return [pytest.param(run.name, marks=pytest.mark.xfail(strict=True, reason=gaps[run.name]))
+            if run.name in gaps else run.name for run in RUNS]
 
 
 def test_scripts_are_as_fetched() -> None:
@@ -206,7 +218,7 @@ def test_scripts_are_as_fetched() -> None:
     assert not changed, f"these differ from Accelerate's {ACCELERATE_COMMIT[:12]}: {changed}; fetch them again"
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", _params({**GAPS, **ONE_PROCESS_GAPS}))
 def test_one_process_computes_what_accelerate_computes(results: dict, name: str) -> None:
     accelerate = _result(results, "accelerate", 1, name)
     fittrain = _result(results, "fittrain", 1, name)
@@ -216,7 +228,7 @@ def test_one_process_computes_what_accelerate_computes(results: dict, name: str)
         f"{name}: the forward passes differ from Accelerate's")
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", _params(GAPS))
 def test_two_processes_finish_on_every_rank(results: dict, name: str) -> None:
     main, other = (_result(results, "fittrain", 2, name, rank) for rank in (0, 1))
     assert _metric_lines(main), f"{name} printed no metrics on rank 0:\n{main['lines']}"
