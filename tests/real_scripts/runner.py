@@ -11,7 +11,7 @@ and `import accelerate` lines; nothing else changes). The script then runs as `_
 
 One interpreter serves all runs because importing transformers takes seconds; between runs,
 Accelerate's process-wide state is reset with its own `_reset_state` methods (fittrain keeps no
-such state). Under torchrun every worker runs the same list.
+such state). Under a launcher (torchrun, `fittrain launch`) every worker runs the same list.
 
 For each run, each process prints one line `@@RUN {json}` with the run's name, the rank, whether
 it finished, the error (type, message and the last frames) if not, the lines the script printed,
@@ -99,7 +99,7 @@ def _rejoin_process_group(index: int) -> None:
     """Joins a fresh process group for run `index` when an earlier script left none.
 
     A script that calls `end_training()` destroys the process group, with Accelerate and with
-    fittrain alike. A later `init_process_group` on torchrun's store would then find the first
+    fittrain alike. A later `init_process_group` on the launcher's store would then find the first
     group's keys and fail to connect, a limit of running several scripts in one job, not of
     either library; so the runner joins a group under a key prefix of this run's own, which both
     libraries adopt as they adopt any group made before them. The first run joins on its own.

@@ -5,16 +5,18 @@ CPU-capable `examples/by_feature/*.py`, as fetched (README.md here: commit, path
 scripts left out and why). `runner.py` changes `accelerate` to `fittrain` in their import lines
 and nothing else, and runs them offline against tiny local stand-ins for the Hub names they load
 (`assets.py`). Three jobs run every script in turn: Accelerate on 1 process, fittrain on 1
-process, fittrain on 2 gloo processes (torchrun). On 1 process fittrain must print the same
-metrics as Accelerate and compute bitwise the same forward passes (a digest of every logits and
-loss tensor of the whole run); on 2 processes every script must finish on both ranks; and a run
-resumed from its first epoch's checkpoint must end bitwise where the uninterrupted run ended.
+process, fittrain on 2 gloo processes (`fittrain launch --num_processes 2`). On 1 process
+fittrain must print the same metrics as Accelerate and compute bitwise the same forward passes
+(a digest of every logits and loss tensor of the whole run); on 2 processes every script must
+finish on both ranks; and a run resumed from its first epoch's checkpoint must end bitwise where
+the uninterrupted run ended.
 
 transformers, evaluate and accelerate come from the `dev` extra (setup.cfg says why); the
 scripts themselves are third-party files that this repository does not carry: without them in
 upstream/ the module is skipped, naming what is missing. A script that cannot pass because
-fittrain lacks something Accelerate has is listed in `GAPS`: its tests are `xfail(strict=True)`
-with the gap as the reason, so the marker must go when the gap is closed.
+fittrain lacks something Accelerate has is listed in `GAPS` (or `ONE_PROCESS_GAPS` when only its
+comparison with Accelerate fails): its tests are `xfail(strict=True)` with the gap as the reason,
+so the marker must go when the gap is closed.
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ SCRIPTS = {
     "accelerate/by_feature/cross_validation.py": "aeebe9eb9dd09fcb80bbed7859e3be63f9f8ccfd451c5f2fa8b8e46014713cc3",
     "accelerate/by_feature/ddp_comm_hook.py": "9f91ae5816a15ea731f9e6f09cf412b0f77509a022583bb967a97aa6a6110fde",
     "accelerate/by_feature/early_stopping.py": "300acf6b8bd29ea35642e503d928f09da28358edb06b08abf28644147621fed6",
-    "accelerate/by_feature/gradient_accumulation.py": "b7fb15066d3953d1583e82abff1c14103810658aad5b1412422322d88c0c69d6",
+    "accelerate/by_feature/gradient_accumulation.py":
+        "b7fb15066d3953d1583e82abff1c14103810658aad5b1412422322d88c0c69d6",
     "accelerate/by_feature/gradient_accumulation_for_autoregressive_models.py":
         "61a8680c477a1f015ffb69c4d4169b50208449aea159eb97bddf1ea97ed08133",
     "accelerate/by_feature/local_sgd.py": "683186d8d415d78bd59fc0651e0637fe03f50c8220803f369c43906070fdee94",
     "accelerate/by_feature/memory.py": "b45d0d037379bca85b72fb424e2213efa9076dc3cbf202891c7e33dadfcec7a7",
-    "accelerate/by_feature/multi_process_metrics.py": "ba2d02f099ecc3e6d030f34186e688606fffd5245f3ec0ffdc99b71d64c798c1",
+    "accelerate/by_feature/multi_process_metrics.py":
+        "ba2d02f099ecc3e6d030f34186e688606fffd5245f3ec0ffdc99b71d64c798c1",
     "accelerate/by_feature/profiler.py": "a0262ea7d0852b17df78ef19e45d671dcd8e1031b4b62a3469e75fd3ce52b976",
     "accelerate/by_feature/schedule_free.py": "2abb18fe5e6f4107ec09db6354f8c1133fca084d331bf9042b59f70c67fb3bb5",
     "accelerate/by_feature/tracking.py": "b53b5c1e0e186d5a1b71bcea5ae0520f7a1afe996e5fc306edff8c45ed177b5b",
@@ -90,7 +94,8 @@ RUNS = (
     Run("ddp_comm_hook", _FEATURE + "ddp_comm_hook.py", ("--ddp_comm_hook", "fp16")),
     Run("early_stopping", _FEATURE + "early_stopping.py"),
     Run("gradient_accumulation", _FEATURE + "gradient_accumulation.py", ("--gradient_accumulation_steps", "2")),
-    Run("gradient_accumulation_for_autoregressive_models", _FEATURE + "gradient_accumulation_for_autoregressive_models.py",
+    Run("gradient_accumulation_for_autoregressive_models",
+        _FEATURE + "gradient_accumulation_for_autoregressive_models.py",
         ("--gradient_accumulation_steps", "2", "--per_device_batch_size", "16")),
     Run("local_sgd", _FEATURE + "local_sgd.py", ("--local_sgd_steps", "2")),
     Run("memory", _FEATURE + "memory.py"),
@@ -173,9 +178,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], d
                                 for run in RUNS]), encoding="utf-8")
 
     def command(lib: str, nproc: int) -> list[str]:
-        launcher = [sys.executable] if nproc == 1 else [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-port", str(jobs.free_port())]
+        launcher = [sys.executable] if nproc == 1 else [  # as users start them
+            sys.executable, "-m", "fittrain", "launch", "--num_processes", str(nproc),
+            "--main_process_port", str(jobs.free_port())]
         return [*launcher, str(HERE / "runner.py"), "--lib", lib, "--assets", str(root / "assets"),
                 "--out", str(root / f"{lib}_{nproc}"), "--spec", str(spec)]
 
