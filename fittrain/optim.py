@@ -88,6 +88,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Whether this optimizer's last real step was skipped because fp16 gradients overflowed."""
         return self._step_was_skipped
 
+    def train(self) -> None:
+        """Calls the wrapped optimizer's `train()`, for those that have one (schedule-free ones:
+        they switch the parameters between their training and evaluation points); else nothing."""
+        self._forward_mode("train")
+
+    def eval(self) -> None:
+        """Calls the wrapped optimizer's `eval()` where it has one; else nothing (as `train`)."""
+        self._forward_mode("eval")
+
+    def _forward_mode(self, name: str) -> None:
+        # Optimizer has no train()/eval(), and __getattr__ is not forwarded, so look on the wrapped one.
+        method = getattr(self.optimizer, name, None)
+        if callable(method):
+            method()
+
 
 class AcceleratedScheduler:
     """An LR scheduler that advances only when the optimizer really stepped.

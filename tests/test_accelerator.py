@@ -215,6 +215,18 @@ def test_gather_for_metrics_returns_every_sample_once():
     assert names == ["a", "b"]
 
 
+def test_gather_for_metrics_trims_the_last_short_batch_on_one_process_as_accelerate():
+    """A per-batch value repeated per sample (transformers' `loss.repeat(batch_size)` idiom) keeps
+    only the last batch's real samples, so the mean weighs every sample once, as in Accelerate."""
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4))
+    rows = [accelerator.gather_for_metrics(x.mean().repeat(4)) for (x,) in loader]
+    assert [len(r) for r in rows] == [4, 4, 2]
+    assert torch.cat(rows).mean() == torch.arange(10.0).mean()
+    dropped = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4, drop_last=True))
+    assert [len(accelerator.gather_for_metrics(x.repeat(2))) for (x,) in dropped] == [8, 8]  # no short batch
+
+
 def test_main_process_first_runs_the_block_and_propagates_errors():
     accelerator = Accelerator(cpu=True)
     ran = []

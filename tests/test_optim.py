@@ -187,6 +187,25 @@ def test_prepared_optimizer_and_scheduler_forward_the_wrapped_api():
     assert len(inner.param_groups) == 2
 
 
+def test_train_and_eval_reach_an_optimizer_that_has_them():
+    """Schedule-free optimizers switch their parameters with train()/eval(); Accelerate forwards both."""
+    class ScheduleFree(torch.optim.SGD):
+        modes: list[str] = []
+
+        def train(self) -> None:
+            self.modes.append("train")
+
+        def eval(self) -> None:
+            self.modes.append("eval")
+
+    acc = Accelerator(cpu=True)
+    model = nn.Linear(2, 1)
+    plain, free = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1), ScheduleFree(model.parameters(), lr=0.1))
+    free.train(), free.eval(), free.train()
+    assert free.optimizer.modes == ["train", "eval", "train"]
+    plain.train(), plain.eval()  # an optimizer without them: nothing happens, as in Accelerate
+
+
 def test_preparing_twice_is_a_no_op():
     accelerator = Accelerator(cpu=True)
     model = make_model()

@@ -83,7 +83,10 @@ class SampleDealer:
     def padding(self, indices: list[int], start: int = 0) -> tuple[int, int]:
         """(real samples in the padded last round, 0), or (0, 0) when nothing was padded."""
         rest = (len(indices) - start) % self.round_size
-        return (rest if self.pads else 0), 0
+        # One process trims too, as Accelerate does (its remainder is len % total batch size): a value
+        # repeated per sample of the last, short batch (`loss.repeat(batch_size)`) keeps its weight.
+        trims = self.pads or (self.num_processes == 1 and not self.drop_last)
+        return (rest if trims else 0), 0
 
     def consumed(self, taken: int, n: int, start: int = 0) -> int:
         """Samples of the epoch's order consumed by all ranks together once this rank took `taken`
