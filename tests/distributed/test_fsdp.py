@@ -100,6 +100,6 @@ def test_rebinding_an_optimizer_that_already_stepped_is_an_error() -> None:
 
 
 def test_fsdp_classes_must_be_module_classes() -> None:
-    accelerator = Accelerator(strategy="fsdp", fsdp_classes=["Linear"])
-    with pytest.raises(ValueError, match="fsdp_classes.*Received: 'Linear'"):
-        accelerator.prepare(_tiny()[0])
+    # Refused when the Accelerator is built, before any process group or model exists.
+    with pytest.raises(TypeError, match=r"fsdp_classes.*Received: fsdp_classes=\['Linear'\]"):
+        Accelerator(strategy="fsdp", fsdp_classes=["Linear"])
