@@ -107,19 +107,9 @@ RUNS = (
 #: Resume runs and the uninterrupted runs they must end like.
 RESUMES = {"complete_nlp_example_resume": "complete_nlp_example", "checkpointing_resume": "checkpointing"}
 #: Runs whose 1-process results differ from Accelerate's today, with the difference; they finish.
-ONE_PROCESS_GAPS = {
-    "gradient_accumulation_for_autoregressive_models":
-        "gather_for_metrics on 1 process keeps every row of the last batch: the script (line 283) gathers "
-        "loss.repeat(EVAL_BATCH_SIZE) per batch, and Accelerate cuts the last batch's result to "
-        "len(dataset) % total_batch_size rows on any number of processes, fittrain only on a padded round, so "
-        "the mean eval_loss and perplexity printed differ (the forward passes are bitwise equal)",
-}
+ONE_PROCESS_GAPS: dict[str, str] = {}
 #: Runs that cannot finish on fittrain today, with the missing piece (see the module docstring).
-GAPS = {
-    "schedule_free": "fittrain's AcceleratedOptimizer has no train()/eval(): schedule_free.py line 176 calls "
-                     "optimizer.train() (and line 189 optimizer.eval()), which Accelerate's AcceleratedOptimizer "
-                     "forwards to a wrapped optimizer that has them (schedulefree's AdamWScheduleFree)",
-}
+GAPS: dict[str, str] = {}
 #: Longest one job may run: the scripts take seconds each, but the machine may be shared.
 JOB_TIMEOUT = 900.0
 
