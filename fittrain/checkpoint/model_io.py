@@ -295,7 +295,9 @@ def load_model_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Ten
         CheckpointError: A weights file or the index is damaged or unsafe.
     """
     folder = pathlib.Path(directory)
-    if (folder / "shards" / "metadata.json").is_file() and not (folder / _SAFETENSORS.single).exists():
+    # The shards/ folder, not its metadata.json, marks a sharded checkpoint: one whose metadata.json
+    # was deleted must be refused by the reader (the manifest lists it), not searched for weights.
+    if (folder / "shards").is_dir() and not (folder / _SAFETENSORS.single).exists():
         from .reader import CheckpointReader
         from .sharded import read_index, whole_model
 

@@ -162,6 +162,16 @@ def test_a_damaged_metadata_file_is_refused_by_every_reader(project: pathlib.Pat
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
 
+def test_a_deleted_metadata_file_is_named_by_every_reader(project: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Found by the fault-injection benchmark: load_model_weights searched the folder for plain
+    weights files and said there were none (FileNotFoundError), instead of naming the lost file."""
+    folder = _newest(project)
+    (folder / METADATA).unlink()
+    _refused(lambda: load_model_weights(folder), folder, "missing|deleted|does not exist")
+    _refused(lambda: consolidate(folder, tmp_path / "out"), folder, "missing|deleted|does not exist")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.filterwarnings("ignore:strategy='fsdp' needs more than one process")
 def test_latest_passes_over_a_damaged_metadata_file(job: pathlib.Path, project: pathlib.Path,
                                                     worker: ModuleType) -> None:
