@@ -30,7 +30,8 @@ def _placeholder(entry: Any) -> torch.Tensor:
     return torch.empty((), dtype=entry.properties.dtype).expand(*entry.size)
 
 
-def _check_arguments(out: str | pathlib.Path, model: Any, max_shard_size: int | str) -> None:
+def _check_arguments(checkpoint: str | pathlib.Path, out: str | pathlib.Path, model: Any,
+                     max_shard_size: int | str) -> None:
     """Refuses bad arguments before the checkpoint is read (which may take minutes)."""
     if not isinstance(model, int) or isinstance(model, bool):
         raise TypeError(f"`model` must be an int: which prepared model, in prepare() order. Received: model="
@@ -40,6 +41,11 @@ def _check_arguments(out: str | pathlib.Path, model: Any, max_shard_size: int | 
                          f"model={model}. Pass e.g. model=0.")
     parse_size(max_shard_size)
     path = pathlib.Path(out)
+    source = pathlib.Path(checkpoint).resolve()
+    if path.resolve() == source or source in path.resolve().parents:
+        # Files added to a checkpoint folder are not in its manifest: the folder would stop verifying.
+        raise ValueError(f"`out` must lie outside the checkpoint folder it reads. Received: out={str(path)!r}, "
+                         f"checkpoint={str(checkpoint)!r}. Pass another folder, e.g. out='weights'.")
     for folder in (path, *path.parents):  # the nearest one that exists must be a folder
         if folder.exists():
             if not folder.is_dir():
@@ -57,12 +63,13 @@ def consolidate(checkpoint: str | pathlib.Path, out: str | pathlib.Path, model: 
         The files written.
 
     Raises:
-        TypeError, ValueError: `model` is not an index, or `max_shard_size` not a size.
+        TypeError, ValueError: `model` is not an index, `max_shard_size` not a size, or `out` lies
+            inside the checkpoint.
         FileExistsError: `out` is a file, or lies inside one.
         FileNotFoundError: the checkpoint folder does not exist.
         CheckpointError: a file is missing or damaged, or the checkpoint has no model `model`.
     """
-    _check_arguments(out, model, max_shard_size)
+    _check_arguments(checkpoint, out, model, max_shard_size)
     reader = CheckpointReader(checkpoint)
     full_name = indexed_name("model", model, "safetensors")
     if reader.has(full_name):  # a full checkpoint: its weights are whole already

@@ -92,6 +92,16 @@ def test_a_model_that_is_not_an_index_is_named_before_anything_is_read(tmp_path:
     assert not (tmp_path / "out").exists()
 
 
+def test_an_out_inside_the_checkpoint_is_refused_and_the_checkpoint_stays_intact(tmp_path: pathlib.Path) -> None:
+    from fittrain.checkpoint import is_intact
+
+    _checkpoint(tmp_path / "ckpt", "full")
+    for out in (tmp_path / "ckpt", tmp_path / "ckpt" / "weights"):
+        with pytest.raises(ValueError, match=r"`out` must lie outside the checkpoint folder.* Received: out="):
+            consolidate(tmp_path / "ckpt", out)
+    assert is_intact(tmp_path / "ckpt") and not (tmp_path / "ckpt" / "weights").exists()
+
+
 @pytest.mark.parametrize("state_dict_type", ["sharded", "full"])
 def test_an_out_that_is_a_file_is_named_before_anything_is_read(tmp_path: pathlib.Path, state_dict_type: str,
                                                                 capsys: pytest.CaptureFixture) -> None:
