@@ -3,7 +3,7 @@
 Each run is a real `torchrun --nproc-per-node 2` job (gloo, CPU) of this file in worker mode: a
 `Trainer` with a `Checkpointer` and a validation loader, the shape of run that used to die at
 interpreter exit now and then with "terminate called without an active exception" (SIGABRT, see
-`fittrain.teardown`), after all its work was done. The script never calls `end_training()`, as
+`fittrain.distributed.teardown`), after all its work was done. The script never calls `end_training()`, as
 many user scripts don't. Beside the runs, `--load` CPU-bound processes keep the cores busy, which
 is what made the crash show (about one run in four on a loaded 2-core machine).
 

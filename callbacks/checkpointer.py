@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.arguments import check_async_save
 from fittrain.checkpoint.naming import PREFIX, ProjectConfiguration, delete_checkpoints, is_checkpoint_name
-from fittrain.events import Callback
+from fittrain.trainer.events import Callback
 
 if TYPE_CHECKING:
-    from fittrain.trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 
 def _check_count(name: str, value: Any, hint: str = "") -> int | None:

@@ -7,10 +7,10 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from fittrain.events import Callback
+from fittrain.trainer.events import Callback
 
 if TYPE_CHECKING:
-    from fittrain.trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 
 def _require(valid: bool, name: str, value: Any, allowed: str) -> None:

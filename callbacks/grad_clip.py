@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from fittrain.events import Callback
-from fittrain.manual import optimizer_parameters
+from fittrain.trainer.events import Callback
+from fittrain.trainer.manual import optimizer_parameters
 
 if TYPE_CHECKING:
-    from fittrain.trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 
 def _check_limit(name: str, value: Any, optional: bool = True) -> float | None:

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from fittrain.events import Callback, short_repr
+from fittrain.common.reprs import short_repr
+from fittrain.trainer.events import Callback
 from fittrain.trackers.base import NoOpTracker, RunInfo
 from fittrain.trackers.registry import check_kwargs, open_trackers, resolve_trackers
 from fittrain.trackers.runs import check_run_name, trainer_hparams
 from fittrain.trackers.tensorboard import TensorBoardTracker
-from fittrain.trainer_parts import length_of
+from fittrain.trainer.parts import length_of
 
 if TYPE_CHECKING:
-    from fittrain.trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 
 def _check_flag(name: str, value: Any, optional: bool = False) -> bool | None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fittrain.events import Callback
+from fittrain.trainer.events import Callback
 
 if TYPE_CHECKING:
-    from fittrain.trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 _PRECISIONS = ("no", "fp16", "bf16")
 

@@ -6,17 +6,17 @@ docs it links to (docs/index.md).
 
 from typing import Any
 
-from .accelerator import Accelerator
-from .checkpoint import CheckpointError, ProjectConfiguration
-from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+from fittrain.accelerator.accelerator import Accelerator
+from fittrain.checkpoint import CheckpointError, ProjectConfiguration
+from fittrain.accelerator.configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                             TorchDynamoPlugin)
-from .events import Callback, Event
-from .launchers import debug_launcher, notebook_launcher
-from .module import TrainModule
-from .partial_state import PartialState
-from .state import DistributedType
-from .trainer import Trainer, TrainState
+from fittrain.trainer.events import Callback, Event
+from fittrain.launchers import debug_launcher, notebook_launcher
+from fittrain.trainer.module import TrainModule
+from fittrain.accelerator.partial_state import PartialState
+from fittrain.distributed.process_state import DistributedType
+from fittrain.trainer.trainer import Trainer, TrainState
 
 __all__ = [
     "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
     (nor for `fittrain.utils`' imports).
     """
     if name in ("skip_first_batches", "find_executable_batch_size"):
-        from . import utils
+        from fittrain import utils
 
         return getattr(utils, name)
     if name != "__version__":

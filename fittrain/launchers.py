@@ -20,9 +20,9 @@ import os
 import socket
 from typing import Any, Callable, Iterator
 
-from .launch_config import MIXED_PRECISION_ENV, USE_CPU_ENV
-from .precision import check_precision
-from .trainer_parts import check_count
+from fittrain.launch.config import MIXED_PRECISION_ENV, USE_CPU_ENV
+from fittrain.step.precision import check_precision
+from fittrain.trainer.parts import check_count
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int | None = None,

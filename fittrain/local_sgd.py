@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .events import short_repr
-from .state import DistributedType
+from fittrain.common.reprs import short_repr
+from fittrain.distributed.process_state import DistributedType
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    from fittrain.accelerator.accelerator import Accelerator
 
 #: The setups whose parameters are whole on every process (Accelerate's list, as far as fittrain runs).
 _SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)

@@ -3,7 +3,7 @@
 `from accelerate.utils import set_seed, ProjectConfiguration` becomes `from fittrain.utils
 import ...`. The collectives here work like the Accelerator's methods of the same names, on the
 process group of this process (a `PartialState` is read per call; there is no global to set up).
-Accelerate's whole `is_*_available` family is here too (`fittrain.availability`): each answers
+Accelerate's whole `is_*_available` family is here too (`fittrain.common.availability`): each answers
 for this machine whether a package is installed or a device present.
 
 Example:
@@ -25,17 +25,19 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm as _tqdm
 
-from . import availability, collectives
-from .availability import *  # Accelerate's is_*_available family, listed in __all__
-from .collectives import DistributedOperationException, sync_rng_states
-from .checkpoint.naming import ProjectConfiguration
-from .configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
+from fittrain.common import availability
+
+from fittrain.distributed import collectives
+from fittrain.common.availability import *  # Accelerate's is_*_available family, listed in __all__
+from fittrain.distributed.collectives import DistributedOperationException, sync_rng_states
+from fittrain.checkpoint.naming import ProjectConfiguration
+from fittrain.accelerator.configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
                             GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                             TorchDynamoPlugin)
-from .data.devices import send_to_device as _send_to_device
-from .partial_state import PartialState
-from .state import DistributedType
-from .trackers.registry import LoggerType
+from fittrain.data.devices import send_to_device as _send_to_device
+from fittrain.accelerator.partial_state import PartialState
+from fittrain.distributed.process_state import DistributedType
+from fittrain.trackers.registry import LoggerType
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
@@ -163,7 +165,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     plain map-style DataLoader becomes the same DataLoader over its batch sampler minus the first
     batches, also without loading them; any other iterable is read and its first batches dropped.
     """
-    from .data import PositionedSource, SkippedDataLoader, check_skip_count
+    from fittrain.data import PositionedSource, SkippedDataLoader, check_skip_count
 
     check_skip_count(num_batches)
 

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fittrain import Accelerator, Trainer, TrainModule
 from fittrain.data import BatchesShard
 from fittrain.callbacks import Checkpointer
-from fittrain.sync import GradientState
+from fittrain.distributed.gradient_state import GradientState
 
 
 def shard(batches: Any, world: int = 1, rank: int = 0, even: bool = True) -> BatchesShard:

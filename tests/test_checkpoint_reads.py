@@ -39,7 +39,7 @@ from fittrain import Accelerator, CheckpointError, ProjectConfiguration, TrainSt
 from fittrain.callbacks import EarlyStop
 from fittrain.checkpoint import CheckpointDeletedError, CheckpointReader, is_intact, latest_checkpoint
 from fittrain.checkpoint import reader as reader_module
-from fittrain.callback_states import CallbackStates
+from fittrain.trainer.callback_states import CallbackStates
 
 
 class Counter:

@@ -26,7 +26,7 @@ from fittrain.checkpoint import CheckpointError, CheckpointReader, atomic_checkp
 from fittrain.checkpoint.background import StagingBuffers
 from fittrain.checkpoint.renames import exchange
 from fittrain.checkpoint.temp_folders import WRITER_MARKER, TempFolder, reserve_numbered
-from fittrain.events import Callback
+from fittrain.trainer.events import Callback
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT = 300.0

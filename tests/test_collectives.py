@@ -10,8 +10,8 @@ import collections
 import pytest
 import torch
 
-from fittrain import collectives
-from fittrain.state import ProcessState
+from fittrain.distributed import collectives
+from fittrain.distributed.process_state import ProcessState
 
 ONE = ProcessState(1, 0, 0, torch.device("cpu"), None)
 Pair = collections.namedtuple("Pair", "left right")

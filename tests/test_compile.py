@@ -1,4 +1,4 @@
-"""torch.compile through `Trainer(compile=...)` and `Accelerator(dynamo_backend=...)` (fittrain/compile.py).
+"""torch.compile through `Trainer(compile=...)` and `Accelerator(dynamo_backend=...)` (fittrain/step/compile.py).
 
 What is checked, on the CPU:
 - the options are checked (bad types, unknown keys, unknown backends), and nothing imports

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fittrain import Accelerator
-from fittrain.configuration import (DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin,
+from fittrain.accelerator.configuration import (DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin,
                                     GradScalerKwargs, InitProcessGroupKwargs)
 
 

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from fittrain import Accelerator
-from fittrain.cli import main
-from fittrain.consolidate import consolidate
+from fittrain.launch.cli import main
+from fittrain.checkpoint.consolidate import consolidate
 
 
 def _consolidate(*args: str) -> subprocess.CompletedProcess:

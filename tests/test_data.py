@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fittrain import Accelerator
 from fittrain.data import DataLoaderShard, SkippedDataLoader, send_to_device
-from fittrain.sync import GradientState
+from fittrain.distributed.gradient_state import GradientState
 
 META = torch.device("meta")
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fittrain.data import BatchesShard, DataLoaderShard, SkippedDataLoader, StreamShard
-from fittrain.sync import GradientState
+from fittrain.distributed.gradient_state import GradientState
 
 
 class Samples(Dataset):

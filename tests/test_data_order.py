@@ -21,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from fittrain import Accelerator, CheckpointError, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.data import DataLoaderShard
-from fittrain.sync import GradientState
+from fittrain.distributed.gradient_state import GradientState
 
 
 class Samples(Dataset):

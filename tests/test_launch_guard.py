@@ -1,4 +1,4 @@
-"""fittrain/launch_guard.py on its own: real processes, no launcher.
+"""fittrain/distributed/launch_guard.py on its own: real processes, no launcher.
 
 The end-to-end case (SIGKILL to a real `fittrain launch` leaves no worker) is in
 tests/distributed/test_launch_signals.py; these cover the paths it does not reach: the watchdog
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from fittrain.launch_guard import LAUNCHER_PID_ENV, guard_worker
+from fittrain.distributed.launch_guard import LAUNCHER_PID_ENV, guard_worker
 
 #: Generous bounds for a busy machine; each child imports torch.
 START_TIMEOUT = 120.0
@@ -61,7 +61,7 @@ def test_the_watchdog_stops_a_worker_whose_launcher_was_killed(tmp_path: pathlib
     ready = tmp_path / "child.pid"
     child = f"""
         import os, pathlib, time
-        from fittrain.launch_guard import watch_parent
+        from fittrain.distributed.launch_guard import watch_parent
         watch_parent(os.getppid(), interval=0.05)
         pathlib.Path({str(ready)!r}).write_text(str(os.getpid()))
         time.sleep(300)
@@ -89,7 +89,7 @@ def test_the_watchdog_stops_a_worker_whose_launcher_was_killed(tmp_path: pathlib
 def test_a_worker_whose_launcher_is_already_gone_stops_at_once() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs: the launcher died before the worker got going
-    worker = subprocess.run(_python("from fittrain.launch_guard import guard_worker; guard_worker(); print('ran on')"),
+    worker = subprocess.run(_python("from fittrain.distributed.launch_guard import guard_worker; guard_worker(); print('ran on')"),
                             env=_env(**{LAUNCHER_PID_ENV: str(gone.pid)}), capture_output=True, text=True,
                             timeout=START_TIMEOUT)
     assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
@@ -101,7 +101,7 @@ def test_a_process_that_is_not_the_launchers_child_is_left_alone() -> None:
     """A worker's own subprocess inherits the variable; while the launcher lives, it runs as usual."""
     with subprocess.Popen(["sleep", "300"]) as sibling:  # alive, but not the child's parent
         try:
-            child = subprocess.run(_python("from fittrain.launch_guard import guard_worker; guard_worker(); "
+            child = subprocess.run(_python("from fittrain.distributed.launch_guard import guard_worker; guard_worker(); "
                                            "print('ran on')"), env=_env(**{LAUNCHER_PID_ENV: str(sibling.pid)}),
                                    capture_output=True, text=True, timeout=START_TIMEOUT)
         finally:

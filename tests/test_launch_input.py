@@ -10,9 +10,11 @@ import pathlib
 
 import pytest
 
-from fittrain import Accelerator, cli
-from fittrain.launch_config import MIXED_PRECISION_ENV
-from fittrain.partial_state import PartialState
+from fittrain import Accelerator
+
+from fittrain.launch import cli
+from fittrain.launch.config import MIXED_PRECISION_ENV
+from fittrain.accelerator.partial_state import PartialState
 
 
 @pytest.fixture

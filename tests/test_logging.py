@@ -97,7 +97,7 @@ def test_warning_once_drops_repeats(records) -> None:
 
 
 def test_the_module_does_not_shadow_the_standard_library() -> None:
-    import fittrain.accelerator  # noqa: F401 - fittrain's own `import logging` lines have run
+    import fittrain.accelerator.accelerator  # noqa: F401 - fittrain's own `import logging` lines have run
 
     assert sys.modules["logging"] is logging and logging.__file__.endswith("logging/__init__.py")
     assert fittrain.logging.get_logger is get_logger and fittrain.logging is not logging

@@ -1,4 +1,4 @@
-"""Accumulation and the prepared optimizer/scheduler (fittrain/optim.py, fittrain/sync.py).
+"""Accumulation and the prepared optimizer/scheduler (fittrain/step/optim.py, fittrain/distributed/gradient_state.py).
 
 The reference for every number is a plain PyTorch loop that accumulates by hand.
 """
@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator
-from fittrain.optim import AcceleratedOptimizer, AcceleratedScheduler
+from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
 
 LR = 0.1
 

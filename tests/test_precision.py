@@ -1,4 +1,4 @@
-"""Mixed precision (fittrain/precision.py) through the Accelerator: "no", "bf16" and "fp16" on CPU.
+"""Mixed precision (fittrain/step/precision.py) through the Accelerator: "no", "bf16" and "fp16" on CPU.
 
 fp16 works on a CPU-only machine: torch autocasts to float16 there and its GradScaler runs on
 "cpu". Gradients are checked against values computed by hand from the scaler's own scale.
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fittrain import Accelerator
-from fittrain.precision import AutocastForward, FullPrecision, ScaledPrecision, to_fp32
+from fittrain.step.precision import AutocastForward, FullPrecision, ScaledPrecision, to_fp32
 
 
 def make_model(seed: int = 0) -> nn.Module:

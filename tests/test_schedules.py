@@ -1,4 +1,4 @@
-"""When the LR scheduler steps (fittrain/schedules.py): Lightning's lr_scheduler dict, read and stepped.
+"""When the LR scheduler steps (fittrain/trainer/schedules.py): Lightning's lr_scheduler dict, read and stepped.
 
 The first part tests `parse_optimizers` and the `Schedule` objects on a real Accelerator, without
 the Trainer. The second part ("Trainer-level") fits real modules: it needs trainer.py to call the
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import checks
-from fittrain.schedules import (EpochSchedule, MetricSchedule, Schedule, SchedulerConfig, StepSchedule,
+from fittrain.trainer.schedules import (EpochSchedule, MetricSchedule, Schedule, SchedulerConfig, StepSchedule,
                                 make_schedule, parse_optimizers)
 
 LR = 0.1
@@ -276,7 +276,7 @@ def test_a_plateau_state_travels_in_checkpoints(tmp_path):
 
 
 # ----------------------------------------------------------------- Trainer-level
-# These fit real modules: they pass once trainer.py steps its scheduler through fittrain.schedules.
+# These fit real modules: they pass once trainer.py steps its scheduler through fittrain.trainer.schedules.
 class LRHistory(Callback):
     """Records the learning rate after every batch and at every epoch end."""
 

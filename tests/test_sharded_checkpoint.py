@@ -17,7 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from fittrain import Accelerator, checkpoint_methods
+from fittrain import Accelerator
+
+from fittrain.accelerator import checkpointing as checkpoint_methods
 from fittrain.checkpoint import (CheckpointDeletedError, CheckpointError, CheckpointMismatchError, CheckpointReader,
                                  load_model_weights)
 from fittrain.checkpoint.dcp_io import metadata_from_json

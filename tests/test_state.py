@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from fittrain import Accelerator, DistributedType
-from fittrain.parallel import STRATEGY_ENV, check_strategy, resolve_strategy
-from fittrain.state import DEFAULT_TIMEOUT, TIMEOUT_ENV, ProcessState, collective_timeout
+from fittrain.distributed.parallel import STRATEGY_ENV, check_strategy, resolve_strategy
+from fittrain.distributed.process_state import DEFAULT_TIMEOUT, TIMEOUT_ENV, ProcessState, collective_timeout
 
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", TIMEOUT_ENV, STRATEGY_ENV)
 

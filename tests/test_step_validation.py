@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, EarlyStop, Logger
 from fittrain.checkpoint.run_folders import run_folder
-from fittrain.trainer_parts import length_of
+from fittrain.trainer.parts import length_of
 
 
 class Regressor(TrainModule):

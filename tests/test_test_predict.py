@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import MixedPrecision
-from fittrain.evaluation import as_test_name
+from fittrain.trainer.evaluation import as_test_name
 
 N = 11
 

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.checkpoint.run_folders import run_folder
-from fittrain.events import EVENT_NAMES
+from fittrain.trainer.events import EVENT_NAMES
 
 
 class Regressor(TrainModule):

@@ -19,7 +19,7 @@ import safetensors
 import safetensors.torch
 
 from fittrain.checkpoint import MANIFEST_NAME, list_checkpoints
-from fittrain.preemption import PREEMPTION_EXIT_CODE
+from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 
 from .checks import OTHER_SEED, Outcome, differing, trainer_checkpoints_broken, trainer_roots
 from .children import SIGTERM_EPOCHS, Child, Context, job_args, killed_after, torchrun_args, wait_until

@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from fittrain.checkpoint import is_intact, load_model_weights
-from fittrain.consolidate import consolidate
+from fittrain.checkpoint.consolidate import consolidate
 
 from .attacks import expect_checkpoint_error, refused, skipped
 from .checks import OTHER_SEED, Outcome, merged, short

@@ -16,7 +16,7 @@ One folder (its files: `snapshot`), written atomically and verified on every rea
         manifest.json                             every file's size and CRC32, written last
     {project_dir}/checkpoints/.checkpoint_{i}.tmp a save in progress, claimed by one writer
 
-Save (`Accelerator.save_state`, in `fittrain.checkpoint_methods`):
+Save (`Accelerator.save_state`, in `fittrain.accelerator.checkpointing`):
     naming.reserve_target      the main process claims the next number, and tells every process
     snapshot.capture_state     live objects -> a StateSnapshot of plain data (for async_save=True
                                copied into reused CPU buffers, then written by `background`)
@@ -46,13 +46,13 @@ dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only); arguments (chec
 save_state/load_state/Checkpointer arguments); run_folders (the Trainer's one folder per run).
 """
 
-from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
-from .fastio import MANIFEST_NAME, CheckpointWriter
-from .folder import atomic_checkpoint
-from .latest import latest_checkpoint, load_newest
-from .model_io import load_model_weights, save_model_weights
-from .naming import CHECKPOINTS_DIR, ProjectConfiguration, list_checkpoints
-from .reader import CheckpointReader, is_intact
+from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint.fastio import MANIFEST_NAME, CheckpointWriter
+from fittrain.checkpoint.folder import atomic_checkpoint
+from fittrain.checkpoint.latest import latest_checkpoint, load_newest
+from fittrain.checkpoint.model_io import load_model_weights, save_model_weights
+from fittrain.checkpoint.naming import CHECKPOINTS_DIR, ProjectConfiguration, list_checkpoints
+from fittrain.checkpoint.reader import CheckpointReader, is_intact
 
 __all__ = [
     "CHECKPOINTS_DIR", "MANIFEST_NAME", "CheckpointDeletedError", "CheckpointError",

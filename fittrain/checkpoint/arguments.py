@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..events import short_repr
+from fittrain.common.reprs import short_repr
 
 
 def check_async_save(value: Any, call: str) -> bool:

@@ -25,9 +25,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..state import ProcessState, collective_timeout
-from ..teardown import exiting_on_error
-from .folder import no_barrier
+from fittrain.distributed.process_state import ProcessState, collective_timeout
+from fittrain.distributed.teardown import exiting_on_error
+from fittrain.checkpoint.folder import no_barrier
 
 
 class PendingCheckpoint:

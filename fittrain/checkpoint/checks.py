@@ -18,20 +18,16 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data import DataPosition
-from .errors import CheckpointError, CheckpointMismatchError
-from .rng import check_rng_state
+from fittrain.data import DataPosition
+from fittrain.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint.rng import check_rng_state
+from fittrain.common.reprs import short_repr
 
 _NEVER_LOADED = "Nothing was loaded."
 
 
 def _is_count(value: Any, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _file(path: pathlib.Path, entry: str | None) -> str:
@@ -60,7 +56,7 @@ def check_meta_fields(path: pathlib.Path, meta: Any) -> None:
               ("mixed_precision", lambda v: isinstance(v, str)), ("dataloaders", lambda v: isinstance(v, list)))
     for key, is_valid in fields:
         if not is_valid(meta.get(key)):
-            raise _refuse(path, f"has no valid {key!r}. Received: {key}={_short(meta.get(key))}", damaged)
+            raise _refuse(path, f"has no valid {key!r}. Received: {key}={short_repr(meta.get(key))}", damaged)
     for i, position in enumerate(meta["dataloaders"]):
         _check_position(path, i, position, damaged)
 
@@ -116,12 +112,12 @@ def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str)
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if not is_int or (value < 0 and field.name != "seed"):  # a user's sampler may seed with any int
             raise _refuse(path, f"has no valid {field.name!r} in the position of data loader {index}. "
-                          f"Received: {_short(position)}", damaged)
+                          f"Received: {short_repr(position)}", damaged)
     for name in ("num_processes", "order_consumed"):
         value = position.get(name, _LATER_FIELDS[name])
         if not (_is_count(value, _LATER_FIELDS[name]) or (value is None and name == "order_consumed")):
             raise _refuse(path, f"has no valid {name!r} in the position of data loader {index}. "
-                          f"Received: {_short(position)}", damaged)
+                          f"Received: {short_repr(position)}", damaged)
 
 
 def check_data_states(path: pathlib.Path, states: Any, count: int, loaders: Sequence[Any] = ()) -> None:
@@ -135,7 +131,7 @@ def check_data_states(path: pathlib.Path, states: Any, count: int, loaders: Sequ
     damaged = "Load an earlier checkpoint; this one is damaged or was not written by save_state."
     if not (isinstance(states, list) and len(states) == count):
         raise _refuse(path, f"must hold a list of {count} data loader states (as many as accelerator_state.json "
-                      f"lists). Received: {_short(states)}", damaged)
+                      f"lists). Received: {short_repr(states)}", damaged)
     for i, state in enumerate(states):
         _check_position(path, i, state, damaged)
     for i, (state, loader) in enumerate(zip(states, loaders)):
@@ -258,7 +254,7 @@ def check_optimizer(path: pathlib.Path, live: Any, saved: Any, saved_type: str |
                             f"the prepared {live_type} needs: it was saved from another optimizer type", fix, entry)
         for key, value in live_group.items():
             if key != "params" and key in saved_group and not _same_kind(value, saved_group[key]):
-                raise _refuse(path, f"holds parameter group {i} with {key}={_short(saved_group[key])}, where the "
+                raise _refuse(path, f"holds parameter group {i} with {key}={short_repr(saved_group[key])}, where the "
                               f"prepared {live_type} has {_kind(value)}", damaged, entry)
     _check_state_keys(path, live, saved["state"], live_type, fix, entry)
 
@@ -292,10 +288,10 @@ def _kind(live: Any) -> str:
     if isinstance(live, bool):
         return f"a flag ({live})"
     if _is_number(live):
-        return f"a number ({_short(live)})"
+        return f"a number ({short_repr(live)})"
     if isinstance(live, (list, tuple)):
-        return f"a sequence of {len(live)} ({_short(live)})"
-    return f"a {type(live).__name__} ({_short(live)})"
+        return f"a sequence of {len(live)} ({short_repr(live)})"
+    return f"a {type(live).__name__} ({short_repr(live)})"
 
 
 def _check_state_keys(path: pathlib.Path, live: Any, saved_state: dict[Any, dict], live_type: str,
@@ -319,7 +315,7 @@ def check_group_members(path: pathlib.Path, entry: str, live_groups: list[dict],
         moved = sorted(set(map(str, saved_group["params"])) ^ set(map(str, live_group["params"])))
         if moved:
             raise _mismatch(path, f"holds parameter group {i} over other parameters than the prepared optimizer's "
-                            f"group {i} (e.g. {_short(moved[0])} is in one of them only)",
+                            f"group {i} (e.g. {short_repr(moved[0])} is in one of them only)",
                             "Prepare the same optimizers, with the same parameter groups, as the run that saved it.",
                             entry)
 
@@ -354,7 +350,7 @@ def check_saved_values(path: pathlib.Path, entry: str, live: Any, saved: Any) ->
         else:
             problem = None if _same_kind(live_value, saved_value) else f"not {_kind(live_value)}"
         if problem:
-            raise _refuse(path, f"holds at {where!r} {_short(saved_value)}: {problem}",
+            raise _refuse(path, f"holds at {where!r} {short_repr(saved_value)}: {problem}",
                           "Load an earlier checkpoint; this one is damaged.")
 
 

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO
 import safetensors.torch
 import torch
 
-from .crc import crc32_beside
-from .temp_folders import WRITER_MARKER
+from fittrain.checkpoint.crc import crc32_beside
+from fittrain.checkpoint.temp_folders import WRITER_MARKER
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 16 * 1024 * 1024

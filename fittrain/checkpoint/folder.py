@@ -19,11 +19,11 @@ import os
 import pathlib
 from collections.abc import Callable, Iterator
 
-from .errors import CheckpointError
-from .crc import file_checksum
-from .fastio import MANIFEST_NAME, CheckpointWriter
-from .renames import commit_replacing, fsync_dir as _fsync_dir, rename_noreplace
-from .temp_folders import (
+from fittrain.checkpoint.errors import CheckpointError
+from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.fastio import MANIFEST_NAME, CheckpointWriter
+from fittrain.checkpoint.renames import commit_replacing, fsync_dir as _fsync_dir, rename_noreplace
+from fittrain.checkpoint.temp_folders import (
     WRITER_MARKER,
     TempFolder,
     describe_owner,

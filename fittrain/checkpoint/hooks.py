@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from torch.utils.hooks import RemovableHandle
 
-from .errors import CheckpointError
+from fittrain.checkpoint.errors import CheckpointError
 
 # The files save_state writes itself (checked when they are read); anything else came from a hook.
 _OWN_FILE = re.compile(r"(model|optimizer|scheduler)(_\d+)?\.(safetensors|pt)|custom_checkpoint_\d+\.pt|"

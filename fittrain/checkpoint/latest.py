@@ -13,12 +13,12 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Callable
 
-from .checks import check_meta_fields
-from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
-from .naming import PREFIX, list_checkpoints
-from .reader import CheckpointReader
-from .run_folders import run_folders
-from .snapshot import META_NAME
+from fittrain.checkpoint.checks import check_meta_fields
+from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint.naming import PREFIX, list_checkpoints
+from fittrain.checkpoint.reader import CheckpointReader
+from fittrain.checkpoint.run_folders import run_folders
+from fittrain.checkpoint.snapshot import META_NAME
 
 # How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
 _LISTINGS = 20

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 import safetensors.torch
 import torch
 
-from .errors import CheckpointError, brief as _brief
-from .fastio import saveable_tensors as _saveable_tensors
-from .renames import fsync_dir as _fsync_dir
+from fittrain.checkpoint.errors import CheckpointError, brief as _brief
+from fittrain.checkpoint.fastio import saveable_tensors as _saveable_tensors
+from fittrain.checkpoint.renames import fsync_dir as _fsync_dir
 
 _SIZE_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
 _UNITS = types.MappingProxyType({
@@ -298,8 +298,8 @@ def load_model_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Ten
     # The shards/ folder, not its metadata.json, marks a sharded checkpoint: one whose metadata.json
     # was deleted must be refused by the reader (the manifest lists it), not searched for weights.
     if (folder / "shards").is_dir() and not (folder / _SAFETENSORS.single).exists():
-        from .reader import CheckpointReader
-        from .sharded import read_index, whole_model
+        from fittrain.checkpoint.reader import CheckpointReader
+        from fittrain.checkpoint.sharded import read_index, whole_model
 
         reader = CheckpointReader(folder)
         return whole_model(reader, read_index(reader))

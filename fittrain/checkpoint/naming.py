@@ -19,10 +19,10 @@ import re
 import shutil
 from typing import Any, Callable, Iterable
 
-from ..events import short_repr
-from .errors import CheckpointError
-from .run_folders import CHECKPOINTS_DIR, record_run_start
-from .temp_folders import TempFolder, raise_if_no_space, reserve_numbered
+from fittrain.common.reprs import short_repr
+from fittrain.checkpoint.errors import CheckpointError
+from fittrain.checkpoint.run_folders import CHECKPOINTS_DIR, record_run_start
+from fittrain.checkpoint.temp_folders import TempFolder, raise_if_no_space, reserve_numbered
 
 PREFIX = "checkpoint_"
 

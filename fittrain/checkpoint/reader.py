@@ -22,10 +22,11 @@ from typing import Any, BinaryIO, Iterable
 import safetensors.torch
 import torch
 
-from .errors import CheckpointDeletedError, CheckpointError, brief
-from .crc import file_checksum
-from .fastio import MANIFEST_NAME, is_listed_name
-from .folder import MANIFEST_FORMAT, MANIFEST_VERSION
+from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, brief
+from fittrain.common.reprs import short_repr
+from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.fastio import MANIFEST_NAME, is_listed_name
+from fittrain.checkpoint.folder import MANIFEST_FORMAT, MANIFEST_VERSION
 
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
 # tiny and three levels deep; the caps keep a hostile file from exhausting memory or the stack.
@@ -121,16 +122,10 @@ def _parse_manifest(path: pathlib.Path) -> dict[str, dict[str, int]]:
     if not valid:
         raise CheckpointError(
             f"{path} is not a valid version-{MANIFEST_VERSION} fittrain manifest. Received: "
-            f"{_short(manifest)}. The checkpoint is damaged or was written by another version; "
+            f"{short_repr(manifest, limit=300)}. The checkpoint is damaged or was written by another version; "
             "load an earlier checkpoint or use the fittrain that wrote it."
         )
     return files
-
-
-def _short(value: Any) -> str:
-    """A repr of at most 300 characters of a (depth-checked) decoded JSON value."""
-    text = repr(value)
-    return text if len(text) <= 300 else text[:300] + "..."
 
 
 class CheckpointReader:

@@ -12,12 +12,12 @@ import contextlib
 import pathlib
 from typing import Any, Callable, Iterator, Sequence
 
-from . import checks
-from .errors import CheckpointError, CheckpointMismatchError
-from .reader import CheckpointReader
-from .rng import derive_rank_state, restore_rng_state
-from .sharded import VALUES_NAME, ShardCheck, check_against, merge_values, read_index, saved_indices, split_tensors
-from .snapshot import META_NAME, StateParts, indexed_name
+from fittrain.checkpoint import checks
+from fittrain.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint.reader import CheckpointReader
+from fittrain.checkpoint.rng import derive_rank_state, restore_rng_state
+from fittrain.checkpoint.sharded import VALUES_NAME, ShardCheck, check_against, merge_values, read_index, saved_indices, split_tensors
+from fittrain.checkpoint.snapshot import META_NAME, StateParts, indexed_name
 
 
 def _require(reader: CheckpointReader, name: str, what: str) -> None:

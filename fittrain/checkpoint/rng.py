@@ -16,6 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from fittrain.common.reprs import short_repr
+
 
 def capture_rng_state() -> dict[str, Any]:
     """Returns this process's RNG states as tensors and numbers."""
@@ -81,7 +83,7 @@ def check_rng_state(state: Any) -> None:
         if key not in state and key != "cuda":
             raise ValueError(f"The RNG state has no {key!r}. It has: {sorted(map(str, state))[:12]}.")
         if key in state and not is_valid(state[key]):
-            raise ValueError(f"The RNG state's {key!r} is not valid. Received: {_brief(state[key])}.")
+            raise ValueError(f"The RNG state's {key!r} is not valid. Received: {short_repr(state[key])}.")
     for name, trial in (("python_state", lambda: random.Random().setstate(_python_state(state))),
                         ("numpy_keys", lambda: np.random.RandomState().set_state(_numpy_state(state))),
                         ("torch", lambda: torch.Generator().set_state(state["torch"])),
@@ -97,12 +99,6 @@ def _try_cuda_states(states: Any) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for device, cuda_state in zip(range(torch.cuda.device_count()), states):
             torch.Generator(device=f"cuda:{device}").set_state(cuda_state)
-
-
-def _brief(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"{type(value).__name__} {repr(value)[:60]}"
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import os
 import pathlib
 import re
 
-from .renames import fsync_dir
+from fittrain.checkpoint.renames import fsync_dir
 
 CHECKPOINTS_DIR = "checkpoints"
 RUN_FILE = "run.json"
@@ -103,7 +103,7 @@ def run_checkpoints(project_dir: str | os.PathLike[str], run_name: str | None = 
     Example:
         >>> run_checkpoints("runs/a")[-1]  # the newest folder of the run started last
     """
-    from .naming import list_checkpoints  # naming imports this module
+    from fittrain.checkpoint.naming import list_checkpoints  # naming imports this module
 
     try:
         return list_checkpoints(run_folder(project_dir, run_name))

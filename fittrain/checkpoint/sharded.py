@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from .errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
-from .renames import fsync_dir
+from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
+from fittrain.checkpoint.renames import fsync_dir
 
 # torch.distributed.checkpoint (`dcp_io`) is imported when a sharded checkpoint is written or
 # read: it takes half a second to import, which every other run would pay at `import fittrain`.
@@ -122,7 +122,7 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from .dcp_io import RawWriter
+    from fittrain.checkpoint.dcp_io import RawWriter
 
     tensors: dict[str, torch.Tensor] = {}
     values = {name: split_tensors(state, name, tensors) for name, state in states.items()}
@@ -150,7 +150,7 @@ def read_index(reader: Any) -> tuple[Any, dict[str, Any]]:
     Returns:
         DCP's metadata, and the non-tensor values of every saved state, keyed by state name.
     """
-    from .dcp_io import metadata_from_json
+    from fittrain.checkpoint.dcp_io import metadata_from_json
 
     data = reader.read_json(METADATA_PATH)
     try:
@@ -297,7 +297,7 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
     """
     import torch.distributed.checkpoint as dcp
 
-    from .dcp_io import RawReader, TensorsOnlyLoadPlanner
+    from fittrain.checkpoint.dcp_io import RawReader, TensorsOnlyLoadPlanner
 
     no_dist = not (collective and dist.is_initialized())
     prefix = f"{SHARDS_DIR}/"

@@ -31,12 +31,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import CheckpointError
-from .fastio import MANIFEST_NAME, CheckpointWriter
-from .folder import WRITER_MARKER, atomic_checkpoint
-from .rng import capture_rng_state
-from .sharded import SHARDS_DIR, write_shards
-from .temp_folders import TempFolder
+from fittrain.checkpoint.errors import CheckpointError
+from fittrain.checkpoint.fastio import MANIFEST_NAME, CheckpointWriter
+from fittrain.checkpoint.folder import WRITER_MARKER, atomic_checkpoint
+from fittrain.checkpoint.rng import capture_rng_state
+from fittrain.checkpoint.sharded import SHARDS_DIR, write_shards
+from fittrain.checkpoint.temp_folders import TempFolder
 
 # The step counter, data positions and process count; read first on load: it says whether a run can resume.
 META_NAME = "accelerator_state.json"

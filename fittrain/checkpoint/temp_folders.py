@@ -25,7 +25,7 @@ import shutil
 import socket
 from typing import Any
 
-from .renames import remove_folder_at, rename_noreplace
+from fittrain.checkpoint.renames import remove_folder_at, rename_noreplace
 
 WRITER_MARKER = ".fittrain-writer.json"
 # A full disk, or a full quota.

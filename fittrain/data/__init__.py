@@ -21,14 +21,14 @@ stream_state (which streams resume from their own state); batches (BatchesShard)
 DataLoader workers); devices (send_to_device, batch_size_of); prepare (Accelerate's `prepare_data_loader` function).
 """
 
-from .batches import BatchesShard, check_batches
-from .devices import batch_size_of, send_to_device
-from .map_style import DataLoaderShard
-from .position import DataPosition, PositionedSource
-from .prepare import prepare_data_loader
-from .seedable import SeedableRandomSampler
-from .skipping import SkippedDataLoader, check_skip_count
-from .streams import StreamShard
+from fittrain.data.batches import BatchesShard, check_batches
+from fittrain.data.devices import batch_size_of, send_to_device
+from fittrain.data.map_style import DataLoaderShard
+from fittrain.data.position import DataPosition, PositionedSource
+from fittrain.accelerator.prepare_data import prepare_data_loader
+from fittrain.data.seedable import SeedableRandomSampler
+from fittrain.data.skipping import SkippedDataLoader, check_skip_count
+from fittrain.data.streams import StreamShard
 
 __all__ = ["BatchesShard", "DataLoaderShard", "DataPosition", "PositionedSource", "SeedableRandomSampler",
            "SkippedDataLoader", "StreamShard", "batch_size_of", "check_batches", "check_skip_count",

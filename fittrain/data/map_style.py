@@ -34,11 +34,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..sync import GradientState
-from .dealing import BatchDealer, SampleDealer
-from .order import EpochOrder, draws_randomly, short_text
-from .position import DataPosition, PositionedSource
-from .workers import SeededBatch, SeededKey, WorkerSeededDataset, init_worker, mix_seed
+from fittrain.distributed.gradient_state import GradientState
+from fittrain.data.dealing import BatchDealer, SampleDealer
+from fittrain.common.reprs import short_repr
+from fittrain.data.order import EpochOrder, draws_randomly
+from fittrain.data.position import DataPosition, PositionedSource
+from fittrain.data.workers import SeededBatch, SeededKey, WorkerSeededDataset, init_worker, mix_seed
 
 
 class _PassBatches:
@@ -103,7 +104,7 @@ def _index_lists(batches: list[Any]) -> list[Any]:
             batches[k] = list(batch) if isinstance(batch, tuple) else batch.tolist()
             continue
         raise TypeError(
-            f"`batch_sampler` must yield lists of dataset indices, one list per batch. Received {short_text(batch)} "
+            f"`batch_sampler` must yield lists of dataset indices, one list per batch. Received {short_repr(batch)} "
             f"({type(batch).__name__}) as batch {k} of the epoch. Make its __iter__ yield lists such as [3, 1, 4]; "
             "for a dataset whose items are whole batches, use batch_size=None with a sampler of keys instead.")
     return batches

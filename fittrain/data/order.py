@@ -34,7 +34,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from .seedable import seedable_samplers
+from fittrain.data.seedable import seedable_samplers
+from fittrain.common.reprs import short_repr
 
 #: What a capture holds besides the RNG states, saved in checkpoints (weights_only).
 _FIELDS = ("epoch", "base_seed", "drew_base_seed")
@@ -169,11 +170,11 @@ def _parts_problem(state: dict[str, Any], generators: int, samplers: list[str]) 
     found = state.get("generators")
     if not (isinstance(found, list) and len(found) == generators and all(_is_rng_state(g) for g in found)):
         return (f"it must hold {generators} generator state(s) (the loader's and samplers'). "
-                f"Received: {len(found) if isinstance(found, list) else short_text(found)}")
+                f"Received: {len(found) if isinstance(found, list) else short_repr(found)}")
     names = state.get("samplers")
     if not (isinstance(names, dict) and sorted(names) == samplers):
         return (f"it must hold the states of samplers {samplers} (those with state_dict). "
-                f"Received: {sorted(names) if isinstance(names, dict) else short_text(names)}")
+                f"Received: {sorted(names) if isinstance(names, dict) else short_repr(names)}")
     return None
 
 
@@ -182,16 +183,10 @@ def _pass_problem(capture: Any, generators: int, samplers: list[str]) -> str | N
         return f"its 'pass' must be a dict or None. Received: {type(capture).__name__}"
     ints = [capture.get(k) for k in _FIELDS[:2]]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-        return f"its pass {list(_FIELDS[:2])} must be ints. Received: {short_text(ints)}"
+        return f"its pass {list(_FIELDS[:2])} must be ints. Received: {short_repr(ints)}"
     if not isinstance(capture.get("drew_base_seed"), bool) or not _is_rng_state(capture.get("rng")):
         return "its pass 'drew_base_seed' must be a bool and its 'rng' a torch RNG state (uint8 tensor)"
     return _parts_problem(capture, generators, samplers)
-
-
-def short_text(value: Any) -> str:
-    """`repr(value)` on one line, cut to 60 characters, for error messages."""
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_order_state(state: Any, generators: int, samplers: list[str]) -> None:

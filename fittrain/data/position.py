@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..sync import GradientState
-from .devices import send_to_device
+from fittrain.distributed.gradient_state import GradientState
+from fittrain.data.devices import send_to_device
 
 
 @dataclasses.dataclass

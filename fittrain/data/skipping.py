@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..events import short_repr
-from .map_style import DataLoaderShard
+from fittrain.common.reprs import short_repr
+from fittrain.data.map_style import DataLoaderShard
 
 
 def check_skip_count(num_batches: Any) -> int:

@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .devices import batch_size_of
-from .stream_state import has_state
-from .workers import mix_seed, seed_worker_rngs
+from fittrain.data.devices import batch_size_of
+from fittrain.data.stream_state import has_state
+from fittrain.data.workers import mix_seed, seed_worker_rngs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,7 +77,7 @@ class WorkerSeededDataset(torch.utils.data.Dataset):
 def init_worker(user_init: Any, worker_id: int) -> None:
     """Makes a worker outlive a preemption signal sent to the whole process group, so the
     Trainer can finish its step and save; the worker still exits with its parent."""
-    from ..preemption import ignore_preemption_signals
+    from fittrain.distributed.preemption import ignore_preemption_signals
 
     ignore_preemption_signals(worker_id)
     if user_init is not None:

@@ -31,11 +31,11 @@ one event per logging point; TensorBoardTracker); files (CSVTracker, JSONLTracke
 open_trackers); runs (run names, the Trainer's hyperparameters).
 """
 
-from .base import GeneralTracker, NoOpTracker, RunInfo
-from .external import MLflowTracker, WandBTracker
-from .files import CSVTracker, JSONLTracker
-from .registry import LoggerType, resolve_trackers
-from .tensorboard import EventWriter, TensorBoardTracker
+from fittrain.trackers.base import GeneralTracker, NoOpTracker, RunInfo
+from fittrain.trackers.external import MLflowTracker, WandBTracker
+from fittrain.trackers.files import CSVTracker, JSONLTracker
+from fittrain.trackers.registry import LoggerType, resolve_trackers
+from fittrain.trackers.tensorboard import EventWriter, TensorBoardTracker
 
 __all__ = ["CSVTracker", "EventWriter", "GeneralTracker", "JSONLTracker", "LoggerType", "MLflowTracker",
            "NoOpTracker", "RunInfo", "TensorBoardTracker", "WandBTracker", "resolve_trackers"]

@@ -9,7 +9,7 @@ import numbers
 import os
 from typing import Any, Iterator, Mapping
 
-from ..events import short_repr
+from fittrain.common.reprs import short_repr
 
 
 class GeneralTracker:

@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from .base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of
+from fittrain.trackers.base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of
 
 #: The pip package each tracker needs, and the fittrain extra that installs it.
 PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}

@@ -15,7 +15,7 @@ import os
 import time
 from typing import IO, Any, Iterable
 
-from .base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of, unloggable
+from fittrain.trackers.base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of, unloggable
 
 #: Seconds between flushes while logging, so a live reader sees recent values without a flush per step.
 FLUSH_EVERY = 2.0

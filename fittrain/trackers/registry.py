@@ -7,11 +7,11 @@ import enum
 import importlib.util
 from typing import Any, Callable, Sequence
 
-from ..events import short_repr
-from .base import GeneralTracker, NoOpTracker
-from .external import PACKAGES, MLflowTracker, WandBTracker, import_package
-from .files import CSVTracker, JSONLTracker
-from .tensorboard import TensorBoardTracker
+from fittrain.common.reprs import short_repr
+from fittrain.trackers.base import GeneralTracker, NoOpTracker
+from fittrain.trackers.external import PACKAGES, MLflowTracker, WandBTracker, import_package
+from fittrain.trackers.files import CSVTracker, JSONLTracker
+from fittrain.trackers.tensorboard import TensorBoardTracker
 
 
 class LoggerType(str, enum.Enum):

@@ -8,10 +8,10 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..events import short_repr
+from fittrain.common.reprs import short_repr
 
 if TYPE_CHECKING:
-    from ..trainer import Trainer
+    from fittrain.trainer.trainer import Trainer
 
 #: Characters a run name may use: it names a folder, a wandb run id and an mlflow run alike.
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

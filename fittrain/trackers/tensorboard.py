@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from .base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of, unloggable
+from fittrain.trackers.base import GeneralTracker, RunInfo, as_number, check_values, flatten, hparams_of, unloggable
 
 
 class EventWriter:

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from fittrain import Accelerator, DistributedType, parallel
+from fittrain import Accelerator, DistributedType
+
+from fittrain.distributed import parallel
 from jobs import assert_state_close, assert_state_equal
 
 

@@ -1,6 +1,6 @@
 """The `fittrain` command line, failing jobs, collective timeouts and a 2-node rendezvous.
 
-The command-line tests run `fittrain.cli.main` in this process; the job tests start real
+The command-line tests run `fittrain.launch.cli.main` in this process; the job tests start real
 torchrun / `fittrain launch` jobs on gloo.
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from fittrain import cli
+from fittrain.launch import cli
 from jobs import (SCRIPTS, assert_state_close, assert_state_equal, fittrain_launch, free_port, job_env, read_results,
                   run, run_together, torchrun)
 
@@ -152,7 +152,7 @@ def test_loaders_of_different_lengths_fail_at_once_on_every_rank() -> None:
 
 def test_a_script_without_end_training_leaves_nothing_running_at_exit(tmp_path: pathlib.Path) -> None:
     """fittrain destroys its process groups and lands a background checkpoint before the interpreter
-    finalizes (see fittrain.teardown), so no gloo or writer thread is left to crash the exit."""
+    finalizes (see fittrain.distributed.teardown), so no gloo or writer thread is left to crash the exit."""
     job = run(torchrun(2, "exit_worker.py", str(tmp_path))).check()
     for rank in (0, 1):
         assert f"at exit: rank {rank} group_alive=False threads=[]" in job.output, job.output[-4000:]

@@ -14,8 +14,10 @@ import textwrap
 
 import pytest
 
-from fittrain import Accelerator, cli
-from fittrain.launch_config import ACCUMULATION_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV, worker_environment
+from fittrain import Accelerator
+
+from fittrain.launch import cli
+from fittrain.launch.config import ACCUMULATION_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV, worker_environment
 from jobs import free_port, run
 
 # What `accelerate config` writes for "multi-CPU" on one machine (accelerate 1.x), with bf16.

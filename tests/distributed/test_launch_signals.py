@@ -5,7 +5,7 @@
 - A second SIGTERM hands over to torchrun's own shutdown (SIGTERM, then SIGKILL after its
   timeout), so a job whose script ignores SIGTERM still ends, with 143.
 - SIGKILL to the launcher leaves no worker running: torchrun starts each worker in a session of
-  its own, so nothing but fittrain's guard (see fittrain/launch_guard.py) stops them.
+  its own, so nothing but fittrain's guard (see fittrain/distributed/launch_guard.py) stops them.
 
 Each job holds its ranks after optimizer step 10 (scripts/slurm_train.py's `--hold-at-step`), where
 the ranks agree on a stop, so the test signals a job known to be mid-training. Every process a
@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fittrain.checkpoint import is_intact
-from fittrain.preemption import PREEMPTION_EXIT_CODE, launcher_signals
+from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE, launcher_signals
 from jobs import JOB_TIMEOUT, SCRIPTS, finish, job_env, kill, start
 
 STOP_STEP = 10  # the ranks agree on a stop every 10 steps (PreemptionWatcher.check_every)

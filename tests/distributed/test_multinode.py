@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from fittrain.checkpoint.run_folders import run_checkpoints
-from fittrain.preemption import PREEMPTION_EXIT_CODE
+from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
 
 SCRIPT = str(SCRIPTS / "multinode_train.py")

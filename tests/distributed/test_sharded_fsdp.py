@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
-from fittrain.consolidate import consolidate
+from fittrain.checkpoint.consolidate import consolidate
 from jobs import JOB_TIMEOUT, assert_state_equal, finish, job_env, kill, run, start, torchrun
 
 

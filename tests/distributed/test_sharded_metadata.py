@@ -22,7 +22,7 @@ import torch
 
 from fittrain.checkpoint import CheckpointError, load_model_weights
 from fittrain.checkpoint.crc import file_checksum
-from fittrain.consolidate import consolidate
+from fittrain.checkpoint.consolidate import consolidate
 from jobs import load_script, run, torchrun
 
 METADATA = "shards/metadata.json"

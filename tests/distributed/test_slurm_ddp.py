@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from fittrain.checkpoint.run_folders import run_checkpoints
-from fittrain.preemption import PREEMPTION_EXIT_CODE
-from fittrain.slurm import PORT_BASE
+from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
+from fittrain.distributed.slurm import PORT_BASE
 from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
 
 SCRIPT = str(SCRIPTS / "slurm_train.py")

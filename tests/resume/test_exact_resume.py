@@ -154,7 +154,7 @@ SABOTAGES = {
     "nothing": None,  # the control: this in-process resume must match, so the others' failures mean something
     "rng": ("fittrain.checkpoint.restore.restore_rng_state", lambda state: None),
     "data position": ("fittrain.data.map_style.DataLoaderShard.load_state_dict", lambda self, state: None),
-    "callback states": ("fittrain.callback_states.CallbackStates.load_state_dict", lambda self, state: None),
+    "callback states": ("fittrain.trainer.callback_states.CallbackStates.load_state_dict", lambda self, state: None),
 }
 
 

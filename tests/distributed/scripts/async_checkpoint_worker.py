@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import training
-from fittrain import Accelerator, ProjectConfiguration, checkpoint_methods
+from fittrain import Accelerator, ProjectConfiguration
+from fittrain.accelerator import checkpointing as checkpoint_methods
 from fittrain.checkpoint import snapshot
 
 SAVE_EVERY = 4

@@ -22,7 +22,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Callback, Trainer, TrainModule, parallel
+from fittrain import Callback, Trainer, TrainModule
+
+from fittrain.distributed import parallel
 from fittrain.callbacks import Checkpointer
 
 EVERY = 2

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import training
-from fittrain import Accelerator, parallel
+from fittrain import Accelerator
+from fittrain.distributed import parallel
 
 
 def _grads_present(log: list[tuple[int, bool, bool]]) -> Any:

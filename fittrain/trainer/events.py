@@ -1,0 +1,237 @@
+"""Lifecycle events and the `Callback` base class.
+
+The loop that fires them, in the order `Trainer.fit` runs it::
+
+    on_fit_start                      before prepare(): a callback may still configure trainer.accelerator
+    for each epoch:
+        on_train_epoch_start
+        for each batch:
+            on_train_batch_start
+            loss = module.training_step(batch)          # under autocast; None skips to batch end
+            on_before_backward
+            accelerator.backward(loss)
+            on_after_backward
+            if this is a sync step (the end of an accumulation window):
+                on_before_optimizer_step              # GradClip acts here
+                optimizer.step(); scheduler.step(); optimizer.zero_grad()
+                if validating every n steps and global_step % val_every_n_steps == 0:
+                    on_validation_start ... on_validation_end   # as below, in the middle of the epoch
+            on_train_batch_end                        # Checkpointer(every_n_steps) saves here
+            end the epoch here if that validation set trainer.state.should_stop
+        if validating at the end of this epoch (every val_every_n_epochs; never with val_every_n_steps):
+            on_validation_start
+            on_validation_batch_end  (once per validation batch)
+            on_validation_end                         # EarlyStop decides here
+        on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here
+        stop if trainer.state.should_stop
+    on_fit_end
+    on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
+
+`Trainer.validate`, `Trainer.test` and `Trainer.predict` run outside fit (or after it) and fire
+only their own events (not on_exception), after the module and the loader are prepared::
+
+    on_validation_start, on_validation_batch_end (each batch), on_validation_end    validate
+    on_test_start                     then test_step (or validation_step) on each batch
+        on_test_batch_end  (once per test batch)
+    on_test_end                       trainer.state.metrics holds the averaged test_* metrics
+    on_predict_start                  then predict_step on each batch; each round gathered
+        on_predict_batch_end  (once per batch)
+    on_predict_end                    before predict() returns the outputs
+
+A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
+saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
+next batch and does not validate again. An epoch never validates twice at one step: with
+val_every_n_steps there is no validation at epoch ends.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from fittrain.trainer.trainer import Trainer
+
+
+class Event(str, enum.Enum):
+    """Every hook a callback may implement, named as the method it calls."""
+
+    FIT_START = "on_fit_start"
+    TRAIN_EPOCH_START = "on_train_epoch_start"
+    TRAIN_BATCH_START = "on_train_batch_start"
+    BEFORE_BACKWARD = "on_before_backward"
+    AFTER_BACKWARD = "on_after_backward"
+    BEFORE_OPTIMIZER_STEP = "on_before_optimizer_step"
+    TRAIN_BATCH_END = "on_train_batch_end"
+    VALIDATION_START = "on_validation_start"
+    VALIDATION_BATCH_END = "on_validation_batch_end"
+    VALIDATION_END = "on_validation_end"
+    TRAIN_EPOCH_END = "on_train_epoch_end"
+    FIT_END = "on_fit_end"
+    EXCEPTION = "on_exception"
+    TEST_START = "on_test_start"
+    TEST_BATCH_END = "on_test_batch_end"
+    TEST_END = "on_test_end"
+    PREDICT_START = "on_predict_start"
+    PREDICT_BATCH_END = "on_predict_batch_end"
+    PREDICT_END = "on_predict_end"
+
+
+EVENT_NAMES = tuple(e.value for e in Event)
+
+
+class Callback:
+    """Base class for objects that act at points of `Trainer.fit` (and of `validate`, `test` and
+    `predict`); every hook is a no-op.
+
+    Override only the hooks you need: the Trainer calls a hook only on callbacks that override
+    it, so unused events cost nothing. A callback with state implements `state_dict` and
+    `load_state_dict`; that state travels inside every checkpoint. See this module's docstring
+    for the order in which hooks run.
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_train_epoch_end(self, trainer):
+        ...         print(trainer.state.epoch, trainer.state.metrics.get("train_loss"))
+    """
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Before prepare(): configure `trainer.accelerator` here."""
+
+    def on_train_epoch_start(self, trainer: "Trainer") -> None:
+        """At the start of each training epoch."""
+
+    def on_train_batch_start(self, trainer: "Trainer") -> None:
+        """Before `training_step` of each batch."""
+
+    def on_before_backward(self, trainer: "Trainer") -> None:
+        """After `training_step`, before `accelerator.backward(loss)`."""
+
+    def on_after_backward(self, trainer: "Trainer") -> None:
+        """After backward; gradients of this batch have been accumulated."""
+
+    def on_before_optimizer_step(self, trainer: "Trainer") -> None:
+        """On sync steps only, before `optimizer.step()`: gradients are final (and unscalable)."""
+
+    def on_train_batch_end(self, trainer: "Trainer") -> None:
+        """After the batch, and after the optimizer step on sync steps."""
+
+    def on_validation_start(self, trainer: "Trainer") -> None:
+        """Before the validation loop."""
+
+    def on_validation_batch_end(self, trainer: "Trainer") -> None:
+        """After each validation batch."""
+
+    def on_validation_end(self, trainer: "Trainer") -> None:
+        """After validation; `trainer.state.metrics` holds the averaged validation metrics."""
+
+    def on_train_epoch_end(self, trainer: "Trainer") -> None:
+        """At the end of each epoch, after its validation."""
+
+    def on_fit_end(self, trainer: "Trainer") -> None:
+        """Once training finished normally."""
+
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        """When anything in fit raised; the exception propagates afterwards."""
+
+    def on_test_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, before the first batch (the module and loader are prepared)."""
+
+    def on_test_batch_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, after each batch."""
+
+    def on_test_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, after the loop; `trainer.state.metrics` holds the averaged test_* metrics."""
+
+    def on_predict_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, before the first batch (the module and loader are prepared)."""
+
+    def on_predict_batch_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, after each batch's outputs were gathered."""
+
+    def on_predict_end(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, after the loop, before the outputs are returned."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints (JSON-like: numbers, strings, lists, dicts, tensors)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+
+
+def _overrides(callback: Callback, name: str) -> bool:
+    return getattr(type(callback), name, None) is not getattr(Callback, name)
+
+
+def check_callbacks(callbacks: Any) -> list[Callback]:
+    """Returns `callbacks` (None or an iterable of Callback instances) as a new list.
+
+    Raises:
+        TypeError: for a single callback instead of a list, or anything that is not a list of them.
+    """
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        name = type(callbacks).__name__
+        raise TypeError(f"`callbacks` must be a list of callbacks. Received a single callback: callbacks={name}(...). "
+                        f"Pass a list, e.g. callbacks=[{name}(...)].")
+    if isinstance(callbacks, (str, bytes, dict)) or not isinstance(callbacks, Iterable):
+        raise TypeError(f"`callbacks` must be a list of Callback instances, or None. Received: callbacks="
+                        f"{short_repr(callbacks)} ({type(callbacks).__name__}). Pass e.g. callbacks=[GradClip(1.0)].")
+    return list(callbacks)
+
+
+def _check_callback(callback: Any) -> None:
+    if not isinstance(callback, Callback):
+        raise TypeError(
+            "`callbacks` must hold Callback instances. "
+            f"Received: {short_repr(callback)} (type {type(callback).__name__}). Subclass fittrain.Callback."
+        )
+    typos = [n for n in dir(type(callback)) if n.startswith("on_") and n not in EVENT_NAMES]
+    if typos:
+        raise ValueError(
+            f"{type(callback).__name__} defines {', '.join(typos)}, which is not an event, so it would never run. "
+            f"Valid hook names: {', '.join(EVENT_NAMES)}."
+        )
+
+
+class EventDispatcher:
+    """Calls each event's hook on the callbacks that override it, in list order.
+
+    Hooks are looked up once, here, so firing an event nobody listens to is a loop over an
+    empty tuple. A hook's exception keeps its type and gains a note naming callback and event.
+
+    Args:
+        callbacks: Callback instances.
+
+    Raises:
+        TypeError: for an item that is not a Callback.
+        ValueError: for a method named like a hook that is not an event.
+    """
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        for callback in callbacks:
+            _check_callback(callback)
+        self.callbacks = list(callbacks)
+        self._hooks: dict[str, tuple[tuple[Callback, Callable[..., None]], ...]] = {
+            name: tuple((cb, getattr(cb, name)) for cb in self.callbacks if _overrides(cb, name))
+            for name in EVENT_NAMES
+        }
+
+    def fire(self, event: str, trainer: "Trainer") -> None:
+        """Runs `event`'s hooks with `trainer`."""
+        for callback, hook in self._hooks[event]:
+            try:
+                hook(trainer)
+            except Exception as exc:
+                exc.add_note(f"Raised in callback {type(callback).__name__}.{event}.")
+                raise
+
+    def fire_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        """Runs `on_exception` hooks; their own errors are noted on the original, never raised."""
+        for callback, hook in self._hooks[Event.EXCEPTION.value]:
+            try:
+                hook(trainer, exception)
+            except Exception as inner:  # the original exception is the one users must see
+                exception.add_note(f"{type(callback).__name__}.on_exception also raised: {inner!r}")

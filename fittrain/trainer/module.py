@@ -1,0 +1,215 @@
+"""TrainModule: the nn.Module users subclass to describe one training step.
+
+Example:
+    >>> class Regressor(TrainModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.net = nn.Linear(8, 1)
+    ...     def forward(self, x):
+    ...         return self.net(x)
+    ...     def training_step(self, batch):
+    ...         x, y = batch
+    ...         return nn.functional.mse_loss(self(x), y)
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from fittrain.trainer.trainer import Trainer
+
+
+class TrainModule(nn.Module):
+    """An nn.Module that knows how to train itself: a step, an optional validation step, and
+    its optimizer; optionally, a test step and a prediction step.
+
+    While fitting, `self.trainer`, `self.device`, `self.global_step` and `self.current_epoch`
+    tell where training stands, and `self.log(name, value)` records a metric.
+
+    Attributes:
+        automatic_optimization: True (the default): the Trainer runs backward and steps the one
+            optimizer. Set `self.automatic_optimization = False` in `__init__` for manual
+            optimization (Lightning's name): training_step then steps any number of optimizers
+            itself with `self.optimizers()`, `self.manual_backward(loss)` and `opt.step()`; see
+            `fittrain.trainer.manual`.
+    """
+
+    automatic_optimization: bool = True
+
+    def training_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Computes the loss of one batch.
+
+        Returns:
+            A scalar loss tensor, a dict with a "loss" key, or None to skip the batch (no
+            backward, no optimizer step).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement training_step(self, batch) returning a scalar loss tensor, "
+            "a dict with a 'loss' key, or None to skip the batch."
+        )
+
+    def validation_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Optional. Returns a scalar (recorded as `val_loss`) or a dict of named scalars.
+
+        Each value is averaged over the whole validation set and over all processes.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} was given a validation loader but does not implement "
+            "validation_step(self, batch). Implement it, or pass no val_loader."
+        )
+
+    def test_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
+        """Optional. Like `validation_step`, for `Trainer.test`; without it, `Trainer.test` runs
+        `validation_step` (which is what this default calls).
+
+        Returns:
+            A scalar (recorded as `test_loss`) or a dict of named scalars, each averaged over the
+            whole test set and all processes. Names are given the prefix `test_`: `val_acc` and
+            `acc` are both recorded as `test_acc`, and `test_acc` stays as it is.
+        """
+        return self.validation_step(batch)
+
+    def predict_step(self, batch: Any) -> Any:
+        """Optional. The output of one batch for `Trainer.predict`; by default `self(batch)`, the
+        module's forward on the whole batch (override it for batches such as `(x, y)`).
+
+        Returns:
+            A tensor, or a dict, tuple or list of tensors, whose first dimension is the batch's
+            samples; or a list with one item (of any picklable kind) per sample.
+        """
+        return self(batch)
+
+    def configure_optimizers(self) -> Any:
+        """Returns an optimizer, an (optimizer, scheduler) pair, or a dict with the keys
+        "optimizer" and "lr_scheduler".
+
+        One optimizer, over this module's parameters (several parts: one parameter group each),
+        and at most one LR scheduler built on it. Lightning's lists of one (`[opt], [sched]`) work
+        too. "lr_scheduler" may be Lightning's dict, `{"scheduler": s, "interval": "step" or
+        "epoch", "frequency": n, "monitor": "val_loss"}`; ReduceLROnPlateau steps on its monitor
+        after validation (`fittrain.trainer.schedules` says when each kind steps). Anything else is
+        refused when `fit` starts.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement configure_optimizers(self) returning an optimizer, "
+            "an (optimizer, scheduler) pair, or {'optimizer': ..., 'lr_scheduler': ...}."
+        )
+
+    def log(self, name: str, value: Any) -> None:
+        """Records a metric. Tensors are kept as they are and read only when something asks.
+
+        During validation, values are averaged over the validation set like returned ones.
+        """
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None:
+            raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
+                               "from training_step, validation_step or test_step while the Trainer runs the module (fit, validate, "
+                               "test or predict).")
+        trainer.record(name, value)
+
+    # ----------------------------------------------------------------- manual optimization
+    def optimizers(self) -> Any:
+        """The prepared optimizer, or a list of them when configure_optimizers returned several.
+
+        Their `step()` and `zero_grad()` do nothing inside a gradient-accumulation window, so
+        training_step needs no code for accumulation.
+        """
+        optimizers = self._fitting_trainer("optimizers()").optimizers
+        return optimizers[0] if len(optimizers) == 1 else list(optimizers)
+
+    def lr_schedulers(self) -> Any:
+        """The prepared LR scheduler, a list of them when several were returned, or None.
+
+        In manual optimization the Trainer steps none of them: call `sch.step()` in
+        training_step. A prepared scheduler does not advance inside an accumulation window or
+        after a step its optimizer skipped (fp16 overflow).
+        """
+        schedulers = self._fitting_trainer("lr_schedulers()").schedulers
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else list(schedulers)
+
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Use instead of `loss.backward()` in manual optimization: it scales the loss for fp16,
+        divides it over the accumulation window, and fires `on_before_backward`/`on_after_backward`."""
+        self._manual_loop("manual_backward(loss)").backward(loss, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str = "norm") -> None:
+        """Clips `optimizer`'s gradients (unscaled first under fp16), by total norm or by value.
+
+        Call it between `manual_backward` and `optimizer.step()` (or use the GradClip callback,
+        which clips the stepping optimizer's gradients in both modes).
+        """
+        from fittrain.trainer.manual import clip_gradients  # fittrain.trainer.manual imports this module's neighbours
+
+        clip_gradients(self._fitting_trainer("clip_gradients(...)"), optimizer, gradient_clip_val,
+                       gradient_clip_algorithm)
+
+    def _fitting_trainer(self, method: str) -> "Trainer":
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None or not trainer.optimizers:
+            raise RuntimeError(f"{type(self).__name__}.{method} needs a running Trainer.fit, which prepares the "
+                               "optimizers: call it from training_step while fit runs, not from __init__ or "
+                               "configure_optimizers or before fit.")
+        return trainer
+
+    def _manual_loop(self, method: str) -> Any:
+        trainer = self._fitting_trainer(method)
+        if trainer._manual is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{method} is for manual optimization, and this module uses automatic "
+                "optimization (automatic_optimization=True), where the Trainer calls backward on the loss "
+                "training_step returns. Set self.automatic_optimization = False in __init__ to call backward and "
+                "step the optimizers yourself, or return the loss and let the Trainer do it.")
+        return trainer._manual
+
+    def has_validation_step(self) -> bool:
+        """Whether the subclass implements `validation_step`."""
+        return type(self).validation_step is not TrainModule.validation_step
+
+    def has_test_step(self) -> bool:
+        """Whether the subclass implements `test_step`."""
+        return type(self).test_step is not TrainModule.test_step
+
+    def can_predict(self) -> bool:
+        """Whether `predict_step` can run: the subclass implements it, or a forward for its default."""
+        return type(self).predict_step is not TrainModule.predict_step or type(self).forward is not nn.Module.forward
+
+    # Stored outside nn.Module's registries so the Trainer is neither a submodule nor saved.
+    def attach(self, trainer: "Trainer | None") -> None:
+        """Links this module to the Trainer fitting it (None unlinks)."""
+        object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def trainer(self) -> "Trainer":
+        """The Trainer fitting this module."""
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call Trainer.fit first.")
+        return trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The device the module's parameters live on."""
+        trainer = self.__dict__.get("_trainer")
+        if trainer is not None:
+            return trainer.accelerator.device
+        first = next(self.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.trainer.state.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained, from 0."""
+        return self.trainer.state.epoch

@@ -1,0 +1,281 @@
+"""Small pieces of the Trainer's loop: argument checks, loss extraction, metric bookkeeping.
+
+Kept apart so `trainer.py` reads as the loop and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+
+from fittrain.distributed import collectives
+from fittrain.data import batch_size_of
+from fittrain.common.reprs import short_repr
+from fittrain.trainer.events import Callback
+from fittrain.distributed.parallel import is_fsdp, unwrap
+
+if TYPE_CHECKING:
+    from fittrain.accelerator.accelerator import Accelerator
+    from fittrain.trainer.module import TrainModule
+
+
+def check_count(name: str, value: Any, optional: bool = False) -> Any:
+    """Validates a positive integer argument (None allowed when `optional`).
+
+    Raises:
+        ValueError: naming the argument and the value received.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        allowed = "a positive integer or None" if optional else "a positive integer"
+        raise ValueError(f"`{name}` must be {allowed}. Received: {name}={value!r}.")
+    return value
+
+
+def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[int | None, int | None]:
+    """Checks `val_every_n_epochs` and `val_every_n_steps`, which are exclusive.
+
+    Returns:
+        (val_every_n_epochs, val_every_n_steps): the epochs default to 1 when neither is given,
+        and are None when validation runs every n steps instead.
+
+    Raises:
+        ValueError: for a value that is not a positive integer, or for both given.
+    """
+    every_n_epochs = check_count("val_every_n_epochs", every_n_epochs, optional=True)
+    every_n_steps = check_count("val_every_n_steps", every_n_steps, optional=True)
+    if every_n_epochs is not None and every_n_steps is not None:
+        raise ValueError(
+            "`val_every_n_epochs` and `val_every_n_steps` cannot both be set: validation runs either at the end of "
+            "every n-th epoch or after every n-th optimizer step, in the middle of epochs. Received: "
+            f"val_every_n_epochs={every_n_epochs!r}, val_every_n_steps={every_n_steps!r}. Pass only one of them "
+            f"(val_every_n_steps={every_n_steps!r} alone validates every {every_n_steps} steps, and not at epoch ends).")
+    if every_n_steps is None and every_n_epochs is None:
+        every_n_epochs = 1
+    return every_n_epochs, every_n_steps
+
+
+def length_of(loader: Any) -> int | None:
+    """The number of batches of `loader` per epoch, or None for a stream, which has no usable length.
+
+    A DataLoader over an IterableDataset counts as a stream even when the dataset defines
+    `__len__`: that length is a hint, which workers and sharding do not follow.
+    """
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # no __len__, or one that says the length is unknown
+        return None
+
+
+def empty_epoch_error(epoch: int, loader: Any) -> ValueError:
+    """The error for a train loader that yielded no batch in a whole epoch (a stream that ran dry)."""
+    return ValueError(
+        f"`train_loader` yielded no batch in epoch {epoch}: there is nothing to train on (with max_steps alone, "
+        f"the Trainer would start empty epochs forever). Received: train_loader={short_repr(loader)} "
+        f"({type(loader).__name__}). A stream must yield at least one batch per pass: make its __iter__ start over "
+        "each time it is called (an iterator that is exhausted after one pass yields nothing the next time), and "
+        "check the data source, batch_size and drop_last.")
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """Raises unless `accelerator` is None or a fittrain.Accelerator."""
+    from fittrain.accelerator.accelerator import Accelerator  # here: accelerator.py is the heavier module
+
+    if accelerator is not None and not isinstance(accelerator, Accelerator):
+        raise TypeError(
+            f"`accelerator` must be a fittrain.Accelerator or None. Received: accelerator={short_repr(accelerator)} "
+            f"({type(accelerator).__name__}). It is not a device name: to train on the CPU pass "
+            "accelerator=Accelerator(cpu=True), or leave it out and the Trainer picks the device.")
+
+
+def check_path(name: str, value: Any, optional: bool = False) -> None:
+    """Raises unless `value` is a str or os.PathLike (or None when `optional`)."""
+    if (value is None and optional) or isinstance(value, (str, os.PathLike)):
+        return
+    allowed = "a str or os.PathLike such as pathlib.Path" + (", or None" if optional else "")
+    raise TypeError(f"`{name}` must be {allowed}. Received: {name}={short_repr(value)} ({type(value).__name__}).")
+
+
+def check_one_checkpointer(callbacks: Sequence[Callback]) -> None:
+    """Refuses two Checkpointers: both would save after the same steps, numbering the same folders."""
+    module = sys.modules.get("fittrain.callbacks.checkpointer")
+    if module is None:  # no Checkpointer exists before its module is imported
+        return
+    found = [cb for cb in callbacks if isinstance(cb, module.Checkpointer)]
+    if len(found) > 1:
+        raise ValueError(
+            f"`callbacks` holds {len(found)} Checkpointers ({', '.join(short_repr(cb, 120) for cb in found)}); each "
+            "would save into the same checkpoints folder, two saves per step. Use one Checkpointer: it takes "
+            "every_n_steps and every_n_epochs together.")
+
+
+def check_loader(name: str, loader: Any) -> None:
+    """Raises a TypeError naming `name` for a loader that is missing or cannot be iterated."""
+    if loader is None or isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
+        raise TypeError(f"`{name}` must be a DataLoader or a list of batches. Received: {name}={short_repr(loader)} "
+                        f"({type(loader).__name__}). Pass e.g. DataLoader(dataset, batch_size=32).")
+
+
+def explain_backward_error(loss: torch.Tensor, error: RuntimeError) -> None:
+    """Raises a ValueError naming training_step when `error` came from a loss without a graph."""
+    if not loss.requires_grad:
+        raise ValueError(
+            f"training_step returned a loss that does not require grad (requires_grad=False, grad_fn=None), so "
+            f"backward cannot train anything. Received: {short_repr(loss.detach())}. It was detached (.detach(), "
+            ".item(), torch.tensor(...)), computed under torch.no_grad(), or every parameter it uses has "
+            "requires_grad=False. Return the loss computed from the module's output.") from error
+
+
+def warn_once(owner: Any, message: str) -> None:
+    """Warns with `message` once per `owner` (a Trainer), not once per batch."""
+    seen = owner.__dict__.setdefault("_warned", set())
+    if message not in seen:
+        seen.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.ndim <= 1
+
+
+def extract_loss(output: Any) -> torch.Tensor | None:
+    """The loss inside `training_step`'s return value, or None for a skipped batch.
+
+    Raises:
+        TypeError: for a return that is neither a tensor, a dict nor None.
+        ValueError: for a non-scalar loss or a dict without "loss".
+    """
+    if type(output) is torch.Tensor and output.ndim == 0:
+        return output  # the common case first: this runs every step
+    if output is None:
+        return None
+    if isinstance(output, dict):
+        if "loss" not in output:
+            raise ValueError(f"training_step returned a dict without a 'loss' key. Received keys: "
+                             f"{sorted(output)}. Return {{'loss': loss, ...}}.")
+        output = output["loss"]
+        if output is None:
+            return None
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"training_step must return a scalar loss tensor, a dict with 'loss', or None. "
+                        f"Received: {type(output).__name__} ({output!r}).")
+    if not _is_scalar(output):
+        raise ValueError(f"training_step must return a scalar loss. Received a tensor of shape "
+                         f"{tuple(output.shape)}; reduce it, e.g. loss.mean().")
+    return output if output.ndim == 0 else output.reshape(())
+
+
+def make_step_runner(model: nn.Module, module: "TrainModule") -> Callable[[str, Any], Any]:
+    """Returns `run(method, batch)`, which calls `module.<method>(batch)` for the loop.
+
+    DDP synchronises gradients and FSDP2 gathers parameters only inside their own forward, so
+    under either the step method runs through the wrapper: the wrapped module's forward is
+    pointed at the method for one call. Without a wrapper the method is called directly.
+    """
+    if model is module and not is_fsdp(module):
+        return lambda method, batch: getattr(module, method)(batch)
+    inner = unwrap(model)
+
+    def run(method: str, batch: Any) -> Any:
+        original = inner.__dict__.get("forward")
+
+        def step_forward(*args: Any, **kwargs: Any) -> Any:
+            _restore_forward(inner, original)  # inside the step, self(x) is the real forward again
+            return getattr(module, method)(*args, **kwargs)
+
+        inner.forward = step_forward
+        try:
+            return model(batch)
+        finally:
+            _restore_forward(inner, original)
+
+    return run
+
+
+def _restore_forward(module: nn.Module, original: Any) -> None:
+    if original is not None:
+        module.forward = original
+    else:
+        module.__dict__.pop("forward", None)
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """A one-line summary of a returned structure: short values as repr, objects by type name."""
+    if isinstance(value, (tuple, list)) and depth < 2:
+        inner = ", ".join(describe(v, depth + 1) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, dict) and depth < 2:
+        return "{" + ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(value.items())[:6]) + "}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return short_repr(value, 40)
+    return type(value).__name__
+
+
+class LazyMetrics(dict):
+    """Metric values that may still be device tensors; converted to floats only when read."""
+
+    def as_floats(self) -> dict[str, float]:
+        """Converts pending tensors (one device sync each, once) and returns plain floats."""
+        for name, value in self.items():
+            if isinstance(value, torch.Tensor):
+                self[name] = float(value.item() if value.numel() == 1 else value.float().mean().item())
+        return {name: float(value) for name, value in self.items()}
+
+
+class ValidationAverager:
+    """Averages validation metrics over samples and processes, with one collective at the end."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, float] = {}
+        self._weight = 1
+
+    def add(self, name: str, value: Any) -> None:
+        """Adds one batch's value of `name`, weighted by that batch's size."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"Validation metric {name!r} must be a scalar. Received shape {tuple(value.shape)}.")
+            value = value.detach().float().reshape(()).to(self.device)
+        self.sums[name] = self.sums.get(name, 0.0) + value * self._weight
+        self.counts[name] = self.counts.get(name, 0.0) + self._weight
+
+    def start_batch(self, batch: Any) -> None:
+        """Weights what the next step returns and logs by `batch`'s size; call it before the step,
+        so values the step records with `self.log` get its weight too."""
+        self._weight = batch_size_of(batch) or 1
+
+    def add_output(self, output: Any, method: str = "validation_step") -> None:
+        """Adds what `method` (validation_step, test_step) returned for the batch: a scalar (val_loss) or a dict."""
+        if output is None:
+            return
+        if not isinstance(output, dict):
+            if not (isinstance(output, (int, float)) or _is_scalar(output)):
+                raise TypeError(f"{method} must return a scalar or a dict of scalars. Received: "
+                                f"{type(output).__name__}{tuple(getattr(output, 'shape', ()))}.")
+            output = {"val_loss": output}
+        for name, value in output.items():
+            self.add(name, value)
+
+    def result(self, accelerator: "Accelerator") -> dict[str, float]:
+        """The averages over every process (all ranks must call this)."""
+        names = sorted(set().union(*collectives.gather_object(sorted(self.sums), accelerator.state)))
+        if not names:
+            return {}
+        table = torch.zeros(2, len(names), dtype=torch.float64, device=self.device)
+        for j, name in enumerate(names):
+            if name in self.sums:
+                table[0, j] = torch.as_tensor(self.sums[name], dtype=torch.float64)
+                table[1, j] = self.counts[name]
+        table = accelerator.reduce(table, reduction="sum")
+        return {name: float(table[0, j] / table[1, j]) for j, name in enumerate(names) if table[1, j] > 0}

@@ -1,0 +1,162 @@
+"""The Trainer's run: its name, its checkpoint folder, and the checkpoint a resume loads.
+
+Each fit is one run, `{project_dir}/checkpoints/{run_name}/checkpoint_{i}` beside the Logger's
+`{project_dir}/logs/{run_name}/`. A fresh fit takes a new name (free in both folders), or the
+name given (`Trainer(run_name=...)` or `Logger(run_name=...)`), whose folder must hold no
+checkpoint: a fresh fit never writes into, prunes or ranks another run's folder. A resumed fit
+continues the run that holds its checkpoint, numbering and pruning in that folder; a checkpoint
+from elsewhere (another project, a plain `save_state` folder) starts a new run from its state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from fittrain.checkpoint.fastio import MANIFEST_NAME
+from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint
+from fittrain.checkpoint.naming import CHECKPOINTS_DIR
+from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints
+from fittrain.common.reprs import short_repr
+from fittrain.trainer.events import Callback
+from fittrain.trackers.runs import new_run_name
+
+if TYPE_CHECKING:
+    from fittrain.trainer.trainer import Trainer
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """What a fit does with runs.
+
+    Attributes:
+        name: The run's name: its folder under `checkpoints/` and under `logs/`.
+        checkpoint: The checkpoint to resume from, or None for a fresh start.
+        newest: Load the newest loadable checkpoint of `checkpoint`'s folder instead (for "latest"
+            and a run folder given): a damaged one is passed over for the next older.
+        continues: The checkpoint belongs to this run: its numbering and ranking go on.
+    """
+
+    name: str
+    checkpoint: pathlib.Path | None = None
+    newest: bool = False
+    continues: bool = False
+
+
+def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], None]) -> RunPlan:
+    """Plans the fit's run (`plan_run`) and points the Accelerator's automatic naming at its folder.
+
+    Args:
+        trainer: The Trainer starting a fit.
+        run_name: The name its `run_name` argument gave, or None.
+        warn: Called with the warning for each damaged checkpoint passed over.
+    """
+    acc = trainer.accelerator
+    config = acc.project_configuration
+    # Where Checkpointer and preemption save: the Accelerator's project_dir, else the Trainer's.
+    root = pathlib.Path(config.project_dir or trainer.project_dir) / CHECKPOINTS_DIR
+    given = given_run_name(run_name, trainer.callbacks)
+    logs = logs_folders(trainer.callbacks, config.logging_dir, trainer.project_dir)
+
+    def new_name() -> str:  # the main process's choice on every process (the clock differs by rank)
+        return acc.broadcast(new_run_name(root, *logs))
+
+    plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn)
+    config.use_run(plan.name)
+    return plan
+
+
+def given_run_name(trainer_name: str | None, callbacks: Sequence[Callback]) -> tuple[str | None, str]:
+    """The run name given by `Trainer(run_name=...)` or a Logger's `run_name`, and which argument gave it.
+
+    Raises:
+        ValueError: when two of them name different runs.
+    """
+    named = [("Trainer(run_name=...)", trainer_name)] if trainer_name is not None else []
+    logger_module = sys.modules.get("fittrain.callbacks.logger")  # the Trainer never imports callbacks
+    if logger_module is not None:
+        named += [("Logger(run_name=...)", cb.run_name) for cb in callbacks
+                  if isinstance(cb, logger_module.Logger) and cb.run_name is not None]
+    if len({name for _, name in named}) > 1:
+        listed = ", ".join(f"{source[:-4]}{name!r})" for source, name in named)
+        raise ValueError(f"The run is named twice, differently: {listed}. A run's logs and checkpoints carry one "
+                         "name: pass it once (Trainer(run_name=...)), or the same name to each.")
+    return (named[0][1], named[0][0]) if named else (None, "")
+
+
+def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path, project_dir: str,
+             new_name: Callable[[], str], warn: Callable[[str], None]) -> RunPlan:
+    """Decides the run's name and the checkpoint it resumes from.
+
+    Args:
+        resume_from: The Trainer's argument: None, "latest", a checkpoint folder or a run folder.
+        given: (name, source) from `given_run_name`.
+        root: `{project_dir}/checkpoints`, which holds the run folders.
+        project_dir: The Trainer's, against which a relative `resume_from` is also looked up.
+        new_name: Returns a fresh run name (the same on every process).
+        warn: Called with the warning for each damaged checkpoint passed over.
+
+    Raises:
+        FileNotFoundError: for a missing `resume_from` folder, or "latest" without a checkpoint.
+        ValueError: for a fresh run whose given name's folder holds checkpoints already.
+    """
+    name, source = given
+    plan = _find_checkpoint(resume_from, root, project_dir, name, warn)
+    owner = _owning_run(plan.checkpoint, root)
+    plan.continues = owner is not None and (name is None or owner == name)
+    plan.name = name or owner or new_name()
+    if not plan.continues and holds_checkpoints(root / plan.name):
+        started = "A fresh fit" if plan.checkpoint is None else f"A fit resuming from {str(plan.checkpoint)!r}"
+        raise ValueError(
+            f"`{source}` names a run whose checkpoints exist already ({str(root / plan.name)!r}). Received: "
+            f"run_name={plan.name!r}. {started} never writes into another run's folder. Pass "
+            "resume_from='latest' to continue that run, or another run_name (or none: a new name is chosen).")
+    return plan
+
+
+def logs_folders(callbacks: Sequence[Callback], logging_dir: str | None, project_dir: str) -> list[str]:
+    """The folders where this fit's run may write logs: a fresh name must be free in each."""
+    folders = [logging_dir or os.path.join(project_dir, "logs")]
+    logger_module = sys.modules.get("fittrain.callbacks.logger")
+    if logger_module is not None:
+        folders += [cb.log_dir for cb in callbacks if isinstance(cb, logger_module.Logger) and cb.log_dir]
+    return folders
+
+
+def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, name: str | None,
+                     warn: Callable[[str], None]) -> RunPlan:
+    if resume_from is None:
+        return RunPlan(name="")
+    if str(resume_from) == "latest":
+        # With a run name given, "latest" is that run's newest checkpoint; else the latest started run's.
+        found = latest_checkpoint(root / name, warn) if name else latest_run_checkpoint(root, warn)
+        return RunPlan(name="", checkpoint=found, newest=True)
+    for candidate in (pathlib.Path(resume_from), pathlib.Path(project_dir) / resume_from):
+        if candidate.is_dir():
+            if _is_run_folder(candidate):  # a run folder: its newest intact checkpoint
+                return RunPlan(name="", checkpoint=latest_checkpoint(candidate, warn), newest=True)
+            return RunPlan(name="", checkpoint=candidate)
+    received = short_repr(os.fspath(resume_from), 400)
+    raise FileNotFoundError(
+        f"`resume_from` names a folder that does not exist. Received: resume_from={received}. Pass an existing "
+        "checkpoint folder such as 'checkpoints/run_a/checkpoint_3', a run folder such as 'checkpoints/run_a' (its "
+        "newest checkpoint), or 'latest'.")
+
+
+def _is_run_folder(folder: pathlib.Path) -> bool:
+    """A folder of checkpoints rather than a checkpoint (which has a manifest, or is incomplete)."""
+    return not (folder / MANIFEST_NAME).exists() and ((folder / RUN_FILE).exists() or holds_checkpoints(folder))
+
+
+def _owning_run(checkpoint: pathlib.Path | None, root: pathlib.Path) -> str | None:
+    """The name of the run folder under `root` that holds `checkpoint`, or None (elsewhere)."""
+    if checkpoint is None:
+        return None
+    try:
+        inside = os.path.samefile(checkpoint.parent.parent, root)
+    except OSError:
+        return None
+    return checkpoint.parent.name if inside else None
