@@ -20,9 +20,9 @@ import os
 import socket
 from typing import Any, Callable, Iterator
 
-from fittrain.launch.config import MIXED_PRECISION_ENV, USE_CPU_ENV
+from fittrain.accelerator.launch_env import MIXED_PRECISION_ENV, USE_CPU_ENV
+from fittrain.common.checks import check_positive_int
 from fittrain.step.precision import check_precision
-from fittrain.trainer.parts import check_count
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int | None = None,
@@ -46,8 +46,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
     mixed_precision = check_precision(mixed_precision)
     if num_processes is None:
         num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    check_count("num_processes", num_processes)
-    check_count("num_nodes", num_nodes)
+    check_positive_int("num_processes", num_processes)
+    check_positive_int("num_nodes", num_nodes)
     if num_processes * num_nodes == 1:
         with _environment({MIXED_PRECISION_ENV: mixed_precision}):
             function(*args)
@@ -72,7 +72,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     check multi-process code on any machine. Returns when all finished; a failure is raised."""
     import torch.multiprocessing as mp
 
-    check_count("num_processes", num_processes)
+    check_positive_int("num_processes", num_processes)
     port = _free_port()
     with _environment({USE_CPU_ENV: "true"}):
         mp.start_processes(_Worker(function, num_processes, port), args=args, nprocs=num_processes,

@@ -64,8 +64,8 @@ class LocalSGD:
                              f"averages. Received: local_sgd_steps={short_repr(local_sgd_steps)}. Pass e.g. "
                              "local_sgd_steps=8.")
         kind = accelerator.distributed_type
-        # By the strategy's name too: on one process FSDP2 runs as NO, and the script would only fail on many.
-        if kind not in _SUPPORTED or accelerator.strategy == "fsdp":
+        # By the strategy's kind too: on one process FSDP2 runs as NO, and the script would only fail on many.
+        if kind not in _SUPPORTED or accelerator.distributed_strategy.shards_parameters:
             raise NotImplementedError(
                 f"LocalSGD averages whole parameters, which only DDP keeps on every process; this Accelerator runs "
                 f"distributed_type={kind.value} (strategy={accelerator.strategy!r}), whose parameters are sharded. "

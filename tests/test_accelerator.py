@@ -38,8 +38,9 @@ def as_rank_1_of_2(accelerator: Accelerator) -> None:
 
     Only methods that do not communicate may be called afterwards.
     """
-    accelerator.state = dataclasses.replace(accelerator.state, num_processes=2, process_index=1,
-                                            local_process_index=1)
+    state = dataclasses.replace(accelerator.state, num_processes=2, process_index=1, local_process_index=1)
+    # The parts the Accelerator owns hold the same process facts.
+    accelerator.state = accelerator.checkpointing.state = accelerator.distributed_strategy.state = state
 
 
 # ------------------------------------------------------------------ facts

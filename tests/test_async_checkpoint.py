@@ -321,7 +321,7 @@ def test_free_memory_waits_for_the_write_and_lets_the_next_save_allocate_anew(tm
     threading.Timer(0.2, gate.set).start()
     run.acc.free_memory()  # waits: the folder is complete when it returns
     CheckpointReader(tmp_path / "a").verify()
-    kept = run.acc._background_checkpoints._buffers
+    kept = run.acc.checkpointing.background._buffers
     assert kept._taken == [] and kept._free == []  # nothing of the copy is held any more
 
 

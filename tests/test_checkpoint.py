@@ -397,7 +397,7 @@ def test_a_checkpoint_of_another_architecture_changes_nothing(saved_then_trained
     other = build(seed=1)
     train_step(other, next(iter(other.loader)))
     # Same first layer, different head: torch's load_state_dict would copy the first layer, then fail.
-    other.accelerator._models[0].body[3] = nn.Linear(16, 2)
+    other.accelerator.prepared.models[0].body[3] = nn.Linear(16, 2)
     before = live_state(other)
     with pytest.raises(CheckpointError, match="model.safetensors"):
         other.accelerator.load_state(folder)

@@ -154,7 +154,7 @@ def test_kwargs_handlers_and_rng_types_are_checked() -> None:
 def test_prepare_model_in_evaluation_mode_is_not_wrapped_and_prepare_scheduler_checks_its_input() -> None:
     acc = Accelerator(cpu=True)
     model = nn.Linear(2, 1)
-    assert acc.prepare_model(model, evaluation_mode=True) is model and not acc._models
+    assert acc.prepare_model(model, evaluation_mode=True) is model and not acc.prepared.models
     with pytest.raises(TypeError, match="prepare_scheduler\\(\\) takes a torch LR scheduler. Received: Linear"):
         acc.prepare_scheduler(model)
 

@@ -217,8 +217,8 @@ def test_preparing_twice_is_a_no_op():
     assert all(a is b for a, b in zip(first, second))
     assert accelerator.prepare(first[1]) is first[1]
     # Nothing was registered twice, so a checkpoint holds one of each.
-    assert len(accelerator._models) == len(accelerator._optimizers) == 1
-    assert len(accelerator._schedulers) == len(accelerator._dataloaders) == 1
+    assert len(accelerator.prepared.models) == len(accelerator.prepared.optimizers) == 1
+    assert len(accelerator.prepared.schedulers) == len(accelerator.prepared.dataloaders) == 1
 
 
 def test_prepare_keeps_the_order_and_passes_unknown_objects_through():

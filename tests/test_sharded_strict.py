@@ -180,13 +180,13 @@ def test_the_full_format_refuses_hyperparameters_of_another_kind_too(tmp_path: p
 
 
 def test_restoring_only_the_weights_checks_the_models_values_too(tmp_path: pathlib.Path) -> None:
-    """`Checkpointer(restore_best=True)` loads only a model's weights (`_restore_weights`)."""
+    """`Checkpointer(restore_best=True)` loads only a model's weights (`Checkpointing.restore_weights`)."""
     folder = _saved(tmp_path)
     _rewrite_torch(folder, "shards/values.pt", HOSTILE_VALUES["a model entry that is not a dict"])
     run = Run()
     before = run.snapshot()
     with pytest.raises(CheckpointError, match=r"values\.pt' holds at 'model_0'"):
-        run.accelerator._restore_weights(folder, run.model)
+        run.accelerator.checkpointing.restore_weights(folder, run.model)
     run.assert_unchanged(before)
 
 

@@ -262,7 +262,7 @@ def test_repeated_calls_prepare_each_loader_once(tmp_path):
     first = trainer.predict(module, loader)
     assert torch.equal(trainer.predict(module, loader), first)
     assert trainer.test(module, loader) == trainer.test(module, loader)
-    assert len(trainer.accelerator._dataloaders) == 2  # one padded for predict, one not for test
+    assert len(trainer.accelerator.prepared.dataloaders) == 2  # one padded for predict, one not for test
 
 
 @pytest.mark.parametrize("method", ["test", "predict"])

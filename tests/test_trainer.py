@@ -257,7 +257,7 @@ def test_repeated_validate_prepares_the_loader_once(tmp_path):
     module, val = Regressor(), make_loader(n=8)
     first = trainer.validate(module, val)
     assert trainer.validate(module, val) == first
-    assert len(trainer.accelerator._dataloaders) == 1
+    assert len(trainer.accelerator.prepared.dataloaders) == 1
 
 
 @pytest.mark.parametrize("form", ["list", "lists", "lightning_dict"])

@@ -1,10 +1,11 @@
 """The Accelerator: Hugging Face Accelerate's vocabulary over plain torch.distributed.
 
-A thin facade. Process facts live in `state`, precision in `precision`, wrappers in `optim`
-and `data`, model wrapping in `parallel`, collectives in `collectives` and the checkpoint
-layout in `checkpoint`. This class wires them together for one run and keeps no global state;
-its multi-process helpers (`process_methods`), checkpoint methods (`checkpoint_methods`) and
-experiment trackers (`tracking_methods`) are mixins in modules of their own.
+A thin facade that wires one run together and keeps no global state. It owns: the process facts
+(`state`), the precision object (`precision`), the strategy that wraps, synchronises, clips and
+saves models (`distributed_strategy`), what it prepared (`prepared`), the checkpoint manager
+(`checkpointing`) and the trackers (`tracking`); its checkpoint and tracker methods delegate to
+those two. Its multi-process helpers come from `ProcessMethods` (shared with `PartialState`),
+Accelerate's rarer methods from `CompatMethods`, and data loaders are prepared by `loaders`.
 
 Example:
     >>> accelerator = Accelerator()
@@ -19,46 +20,45 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
-from typing import Any, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
-from fittrain.distributed import collectives
-
-from fittrain.distributed import parallel
-from fittrain.distributed.collectives import sync_rng_states
-from fittrain.data import BatchesShard
-from fittrain.checkpoint.naming import ProjectConfiguration
-from fittrain.accelerator.checkpointing import CheckpointMethods, resolve_state_dict_type
-from fittrain.step.compile import compile_settings, compile_forward, compile_targets, remove_compiled_forward, uncompiled
-from fittrain.data import DataLoaderShard, PositionedSource, SkippedDataLoader, StreamShard
+from fittrain.accelerator.checkpointing import Checkpointing, resolve_state_dict_type
 from fittrain.accelerator.compat import CompatMethods
-from fittrain.accelerator.configuration import AutocastKwargs, InitProcessGroupKwargs, check_fsdp_classes, resolve_options
-from fittrain.data.seedable import with_seedable_sampler
-from fittrain.launch.config import dynamo_default, launch_defaults
-from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
-from fittrain.step.precision import AutocastForward, check_precision, make_precision
+from fittrain.accelerator.configuration import (
+    AutocastKwargs,
+    InitProcessGroupKwargs,
+    check_dynamo_plugin,
+    check_fsdp_classes,
+    resolve_options,
+)
+from fittrain.accelerator.launch_env import dynamo_default, launch_defaults
+from fittrain.accelerator.loaders import prepare_loader
+from fittrain.accelerator.prepared import PreparedObjects
+from fittrain.accelerator.tracking import Tracking
+from fittrain.checkpoint.naming import ProjectConfiguration
+from fittrain.common.checks import check_positive_int
+from fittrain.data import PositionedSource, SkippedDataLoader
+from fittrain.distributed.gradient_state import GradientState
+from fittrain.distributed.parallel import resolve_strategy
 from fittrain.distributed.process_methods import ProcessMethods
 from fittrain.distributed.process_state import DistributedType, ProcessState
-from fittrain.distributed.gradient_state import GradientState
-from fittrain.trackers.registry import resolve_trackers
-from fittrain.accelerator.tracking import TrackingMethods
+from fittrain.distributed.strategies import make_strategy
+from fittrain.step.compile import compile_forward, compile_settings, remove_compile
+from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
+from fittrain.step.precision import check_precision, make_precision, remove_autocast_forward
+from fittrain.trackers.registry import TrackerSpec, resolve_trackers
 
 _Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
-    return value
-
-
-class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMethods):
+class Accelerator(ProcessMethods, CompatMethods):
     """Runs a PyTorch training loop on one or many processes, in mixed precision if asked.
 
     Args:
@@ -111,27 +111,15 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
         mixed_precision = check_precision(mixed_precision)
-        _check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+        check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
         options = resolve_options(split_batches, even_batches, gradient_accumulation_steps, dataloader_config,
                                   gradient_accumulation_plugin, kwargs_handlers, rng_types)
-        self.strategy = parallel.resolve_strategy(strategy)
-        if project_config is not None and not isinstance(project_config, ProjectConfiguration):
-            raise TypeError(
-                "`project_config` must be a fittrain.ProjectConfiguration or None. Received: "
-                f"project_config={project_config!r:.100} (type {type(project_config).__name__}). For a folder, pass "
-                "project_dir=... or project_config=ProjectConfiguration(project_dir=...).")
-        if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
-            raise TypeError(f"`project_dir` must be a str, an os.PathLike or None. Received: project_dir="
-                            f"{project_dir!r:.100} (type {type(project_dir).__name__}).")
-        self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
-        if project_dir is not None:
-            # Accelerate's layout: trackers write {project_dir}/{project_name} unless a logging_dir
-            # was given (the Trainer gives its own {project_dir}/logs, where the Logger keeps runs).
-            self.project_configuration.set_directories(project_dir)
+        #: The strategy's name: "auto", "ddp" or "fsdp" (the launcher's FITTRAIN_STRATEGY fills "auto").
+        self.strategy = resolve_strategy(strategy)
+        self.project_configuration = _project_configuration(project_dir, project_config)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
                                                    init_method=group.init_method, strategy=self.strategy)
-        self.state_dict_type = resolve_state_dict_type(state_dict_type, self.strategy, self.state.num_processes)
         self._scaler_arguments = options.scaler.scaler_arguments() if options.scaler else None
         self.precision = make_precision(mixed_precision, self.state.device, self._scaler_arguments)
         accumulation = options.accumulation
@@ -147,16 +135,18 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = check_fsdp_classes(fsdp_classes)
+        #: Wraps, synchronises, clips and saves models; the only place that knows DDP from FSDP2.
+        self.distributed_strategy = make_strategy(self.strategy, self.state, self.fsdp_classes, self.ddp_handler)
         # torch.compile's keyword options for models prepared from now on; None: no compile.
         backend = dynamo_default(dynamo_backend) if dynamo_plugin is None else dynamo_backend
-        self.compile_options: dict[str, Any] | None = compile_settings(backend, dynamo_plugin)
-        self.log_with = resolve_trackers(log_with)  # resolved now: a misspelt name fails before training
-        self._models: list[nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[PositionedSource] = []
-        self._custom_objects: list[Any] = []
-        self._replaced_parameters = parallel.ReplacedParameters()
+        self.compile_options: dict[str, Any] | None = compile_settings(backend, check_dynamo_plugin(dynamo_plugin))
+        #: What this Accelerator prepared, in order: what `save_state` covers.
+        self.prepared = PreparedObjects()
+        self.checkpointing = Checkpointing(
+            self.state, self.distributed_strategy, self.prepared, self.gradient_state, self.project_configuration,
+            self.precision, resolve_state_dict_type(state_dict_type, self.distributed_strategy.default_state_dict_type))
+        # log_with is resolved now: a misspelt tracker name fails before training.
+        self.tracking = Tracking(resolve_trackers(log_with), self.project_configuration, self.is_main_process)
 
     # ----------------------------------------------------------------- facts
     @property
@@ -171,10 +161,11 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
 
     @mixed_precision.setter
     def mixed_precision(self, value: str | None) -> None:
-        if self._models:
+        if self.prepared.models:
             raise RuntimeError("Set mixed_precision before prepare(): prepared models already use "
                                f"{self.precision.name!r}.")
         self.precision = make_precision(check_precision(value), self.state.device, self._scaler_arguments)
+        self.checkpointing.precision = self.precision  # its scaler is saved
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -183,7 +174,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
-        self.gradient_state.num_steps = _check_positive_int("gradient_accumulation_steps", value)
+        self.gradient_state.num_steps = check_positive_int("gradient_accumulation_steps", value)
 
     @property
     def sync_gradients(self) -> bool:
@@ -194,7 +185,7 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last step was skipped because fp16 gradients overflowed: with several prepared
         optimizers, whether any of them skipped its last step (as in Accelerate)."""
-        return self.gradient_state.step_was_skipped or any(o.step_was_skipped for o in self._optimizers)
+        return self.gradient_state.step_was_skipped or any(o.step_was_skipped for o in self.prepared.optimizers)
 
     @property
     def project_dir(self) -> str | None:
@@ -211,6 +202,25 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         """Batches counted by `accumulate()` in the current window."""
         return self.gradient_state.batches_seen
 
+    @property
+    def state_dict_type(self) -> str:
+        """How `save_state` writes models and optimizers: "full" or "sharded" (read at every save)."""
+        return self.checkpointing.state_dict_type
+
+    @state_dict_type.setter
+    def state_dict_type(self, value: str) -> None:
+        self.checkpointing.state_dict_type = value
+
+    @property
+    def log_with(self) -> list[TrackerSpec]:
+        """The resolved `log_with`: built-in tracker classes and tracker instances."""
+        return self.tracking.log_with
+
+    @property
+    def trackers(self) -> list[Any]:
+        """The trackers `init_trackers` opened (NoOpTrackers on processes other than the main one)."""
+        return self.tracking.trackers
+
     # ----------------------------------------------------------------- prepare
     def prepare(self, *objs: Any) -> Any:
         """Readies models, optimizers, dataloaders and schedulers for this run.
@@ -222,22 +232,21 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         Returns:
             The prepared objects in the order given (a single object when one was given).
         """
-        prepared = list(objs)
+        prepared, pools = list(objs), self.prepared
         for i, obj in enumerate(objs):
-            if isinstance(obj, nn.Module) and not self._is_prepared(obj):
+            if isinstance(obj, nn.Module) and not pools.holds(obj):
                 prepared[i] = self._prepare_model(obj)
         for i, obj in enumerate(objs):
-            if isinstance(obj, torch.optim.Optimizer) and not self._is_prepared(obj):
+            if isinstance(obj, torch.optim.Optimizer) and not pools.holds(obj):
                 # Also for models prepared by an earlier call: FSDP2 replaced their parameters.
-                parallel.rebind_optimizer(obj, self._replaced_parameters.mapping())
-                prepared[i] = self._register(self._optimizers, AcceleratedOptimizer(
-                    obj, self.gradient_state, self.precision))
+                self.distributed_strategy.rebind_optimizer(obj)
+                prepared[i] = pools.add(pools.optimizers, AcceleratedOptimizer(obj, self.gradient_state, self.precision))
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj)
         for i, obj in enumerate(objs):
-            if isinstance(obj, _Scheduler) and not self._is_prepared(obj):
+            if isinstance(obj, _Scheduler) and not pools.holds(obj):
                 steps = 1 if self.split_batches else self.num_processes
-                prepared[i] = self._register(self._schedulers, AcceleratedScheduler(
+                prepared[i] = pools.add(pools.schedulers, AcceleratedScheduler(
                     obj, self.gradient_state, self.step_scheduler_with_optimizer, steps))
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -253,82 +262,20 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             return data_loader
         place = self.device_placement if device_placement is None else device_placement
         even = self.even_batches if even_batches is None else even_batches
-        shard: PositionedSource
-        if isinstance(data_loader, DataLoader) and isinstance(data_loader.dataset, IterableDataset):
-            shard = self._prepare_stream(data_loader, place, even)
-        elif not isinstance(data_loader, DataLoader):
-            shard = BatchesShard(data_loader, self.device if place else None, self.gradient_state,
-                                 self.num_processes, self.process_index, even)
-            self._check_same_length(len(data_loader), "batches")
-        else:
-            if self.dataloader_config.use_seedable_sampler:
-                data_loader = with_seedable_sampler(data_loader, self.dataloader_config.data_seed)
-            # Every pass draws the user's order from rank 0's RNG state, broadcast once per epoch.
-            shard = DataLoaderShard(data_loader, self.device if place else None, self.gradient_state,
-                                    self.num_processes, self.process_index, self.split_batches, even,
-                                    share=lambda obj: collectives.broadcast_object(obj, self.state))
-            self._check_same_length(*shard.length_check)
-        # Pinned memory copies asynchronously anyway; DataLoaderConfiguration(non_blocking=True) always.
-        shard._non_blocking = shard._non_blocking or self.dataloader_config.non_blocking
-        shard.resumes_itself = self.dataloader_config.use_stateful_dataloader
-        if self._synced_rng:  # Accelerate's rng_types=["torch", "cuda"]: process 0's generators at each pass
-            shard.sync_rng = functools.partial(sync_rng_states, self._synced_rng, self.state)
-        return self._register(self._dataloaders, shard)
-
-    def _check_same_length(self, length: int, unit: str) -> None:
-        """Checks that every process passed a loader of the same length.
-
-        One small collective at prepare time. Loaders of different lengths would give the processes
-        different numbers of batches, and the first process to run out would leave the others
-        waiting in a collective until the timeout, so every process raises the same error instead.
-        """
-        lengths = collectives.gather_object(length, self.state)
-        if len(set(lengths)) > 1:
-            listed = ", ".join(f"process {rank}: {n} {unit}" for rank, n in enumerate(lengths))
-            raise ValueError(
-                f"The data loaders prepared on different processes have different lengths ({listed}). Every "
-                "process must pass the same, whole dataset: fittrain gives each process its share. Build the "
-                "dataset identically on every process (same files, same filtering, same seed).")
-
-    def _is_prepared(self, obj: Any) -> bool:
-        pools: list[list[Any]] = [self._models, self._optimizers, self._schedulers, self._dataloaders]
-        return any(obj is p for pool in pools for p in pool)
-
-    @staticmethod
-    def _register(pool: list[Any], obj: Any) -> Any:
-        pool.append(obj)
-        return obj
-
-    def _prepare_stream(self, loader: DataLoader, place: bool, even: bool) -> StreamShard:
-        if self.split_batches:
-            raise ValueError(
-                "`split_batches=True` cannot split the batches of a stream (a DataLoader over an IterableDataset): "
-                f"received one over {type(loader.dataset).__name__}. Use split_batches=False (the default); every "
-                "process then takes whole batches of the loader's batch_size.")
-        return StreamShard(loader, self.device if place else None, self.gradient_state, self.num_processes,
-                           self.process_index, even, agree=self._all_agree)
-
-    def _all_agree(self, flag: bool) -> bool:
-        """True on every process when `flag` is True on every process (one small all-reduce)."""
-        total = collectives.reduce(torch.tensor([int(flag)], device=self.device), self.state)
-        return int(total.item()) == self.num_processes
+        shard = prepare_loader(self, data_loader, self.device if place else None, even, self._synced_rng)
+        return self.prepared.add(self.prepared.dataloaders, shard)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         if self.device_placement:
             model = model.to(self.device)
-        before = list(parallel.unwrap(model).named_parameters())  # names as unwrap gives them after
-        wrapped = parallel.wrap_model(model, self.state, self.strategy, self.fsdp_classes, self.ddp_handler)
-        after = dict(parallel.unwrap(wrapped).named_parameters())
-        # FSDP2 swaps parameters for sharded ones; optimizers built earlier must follow them.
-        for name, old in before:
-            if name in after and after[name] is not old:
-                self._replaced_parameters.record(old, after[name])
+        strategy = self.distributed_strategy
+        wrapped = strategy.wrap(model)
         if self.compile_options is not None:
             # Inside the precision wrapper, which then autocasts around the compiled code.
-            for target in compile_targets(parallel.unwrap(wrapped)):
+            for target in strategy.compile_targets(strategy.unwrap(wrapped)):
                 compile_forward(target, self.compile_options)
         self.precision.wrap_forward(wrapped)
-        return self._register(self._models, wrapped)
+        return self.prepared.add(self.prepared.models, wrapped)
 
     # ----------------------------------------------------------------- the step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -350,16 +297,16 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         for model in models:
-            stack.enter_context(parallel.no_sync(model))
+            stack.enter_context(self.distributed_strategy.no_sync(model))
         return stack
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:
         """A context in which backward does not synchronise `model`'s gradients across processes."""
-        return parallel.no_sync(model)
+        return self.distributed_strategy.no_sync(model)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Divides fp16 gradients by the loss scale (once per step); a no-op otherwise."""
-        targets = [optimizer] if optimizer is not None else self._optimizers
+        targets = [optimizer] if optimizer is not None else self.prepared.optimizers
         for opt in targets:
             self.precision.unscale_(getattr(opt, "optimizer", opt))
 
@@ -372,14 +319,13 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         """
         if self.gradient_state.sync_gradients:
             self.unscale_gradients()
-        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return self.distributed_strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Clamps every gradient element to [-clip_value, clip_value], after unscaling."""
         if self.gradient_state.sync_gradients:
             self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+        self.distributed_strategy.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, autocast_handler: Any = None) -> ContextManager[None]:
         """A context for code outside the model that should run in the mixed precision.
@@ -400,27 +346,14 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                      keep_torch_compile: bool = True) -> nn.Module:
         """Returns the user's module from inside DDP, optionally removing the autocast forward
         (`keep_fp32_wrapper=False`) or the compiled one (`keep_torch_compile=False`), in place."""
+        inner = self.distributed_strategy.unwrap(model)
         if not keep_fp32_wrapper:
-            for candidate in (model, parallel.unwrap(model)):
-                forward = candidate.__dict__.get("forward")
-                if isinstance(forward, AutocastForward):
-                    # A compiled forward under the wrapper stays; the class's own forward needs no attribute.
-                    if getattr(forward.original, "__self__", None) is candidate:
-                        del candidate.forward
-                    else:
-                        candidate.forward = forward.original
+            for candidate in (model, inner):
+                remove_autocast_forward(candidate)
         if not keep_torch_compile:
-            self._remove_compile(parallel.unwrap(model))
-        return parallel.unwrap(model)
-
-    @staticmethod
-    def _remove_compile(model: nn.Module) -> None:
-        for module in model.modules():  # under FSDP2 each sharded unit was compiled
-            forward = module.__dict__.get("forward")
-            if isinstance(forward, AutocastForward):  # the fp32 wrapper stays, around the plain forward
-                forward.original = uncompiled(forward.original)
-            else:
-                remove_compiled_forward(module)
+            for module in inner.modules():  # under FSDP2 each sharded unit was compiled
+                remove_compile(module)
+        return inner
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """One pass of a prepared loader that starts after `num_batches` batches, loading none of them."""
@@ -431,6 +364,72 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
                             f"Received: {type(dataloader).__name__}. Prepare it first.")
         return SkippedDataLoader(dataloader, num_batches)
 
+    # ----------------------------------------------------------------- checkpoints (`Checkpointing`)
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Adds objects whose `state_dict()` travels in every `save_state`: `Checkpointing.register_for_checkpointing`."""
+        self.checkpointing.register_for_checkpointing(*objects)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
+                   safe_serialization: bool = True, **kwargs: Any) -> str:
+        """Saves models, optimizers, schedulers, scaler, RNG, data positions and registered objects
+        into one folder, atomically; returns it. See `Checkpointing.save_state`."""
+        return self.checkpointing.save_state(output_dir, async_save, safe_serialization, **kwargs)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True, **kwargs: Any) -> str:
+        """Restores everything `save_state` saved (the newest intact checkpoint with `input_dir=None`
+        and automatic naming), or changes nothing; returns the folder. See `Checkpointing.load_state`."""
+        return self.checkpointing.load_state(input_dir, strict, **kwargs)
+
+    def wait_for_checkpoint(self) -> None:
+        """Blocks until the checkpoint `save_state(async_save=True)` is writing is complete; raises its error."""
+        self.checkpointing.wait_for_checkpoint()
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered from every rank under FSDP2; call it on all).
+
+        With `unwrap=False` the keys are those of the wrapped model (DDP's `module.` prefix).
+        """
+        return self.checkpointing.get_state_dict(model, unwrap)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Writes the unwrapped model's weights as safetensors (sharded past `max_shard_size`); every
+        process calls it under FSDP2. See `Checkpointing.save_model`."""
+        self.checkpointing.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Saves `obj` with torch.save (or safetensors) from the main process only."""
+        self.checkpointing.save(obj, f, safe_serialization)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Registers `hook(models, weights, output_dir)`, called by `save_state` before it writes.
+        See `Checkpointing.register_save_state_pre_hook`."""
+        return self.checkpointing.register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Registers `hook(models, input_dir)`, called by `load_state` before it reads the models.
+        See `Checkpointing.register_load_state_pre_hook`."""
+        return self.checkpointing.register_load_state_pre_hook(hook)
+
+    def _restore_weights(self, folder: str | os.PathLike, model: nn.Module) -> None:
+        # Transitional: callbacks/checkpointer.py calls this until it calls checkpointing.restore_weights.
+        self.checkpointing.restore_weights(folder, model)
+
+    # ----------------------------------------------------------------- trackers (`Tracking`)
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Opens the `log_with` trackers for a run and records `config`. See `Tracking.init_trackers`."""
+        self.tracking.init_trackers(project_name, config, init_kwargs)
+
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Logs `values` to every tracker (on the main process). See `Tracking.log`."""
+        self.tracking.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called `name` (with `unwrap`, its underlying object). See `Tracking.get_tracker`."""
+        return self.tracking.get_tracker(name, unwrap)
+
     # ----------------------------------------------------------------- teardown
     def free_memory(self, *objects: Any) -> list[None]:
         """Forgets prepared objects and frees cached device memory (and the CPU copy that async
@@ -439,11 +438,8 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         Returns:
             A list of None, one per object, to rebind the caller's names to.
         """
-        self.wait_for_checkpoint()
-        if self._background_checkpoints is not None:
-            self._background_checkpoints.release_buffers()
-        for pool in (self._models, self._optimizers, self._schedulers, self._dataloaders):
-            pool.clear()
+        self.checkpointing.release_buffers()
+        self.prepared.clear()
         self.gradient_state.batches_seen = 0
         gc.collect()
         if torch.cuda.is_available():
@@ -456,9 +452,25 @@ class Accelerator(ProcessMethods, CheckpointMethods, TrackingMethods, CompatMeth
         """Finishes the trackers, waits for a checkpoint still being written, then leaves the process
         group so the script can exit cleanly (also when that write failed, whose error is then raised)."""
         try:
-            self._finish_trackers()
-            if self._background_checkpoints is not None:
-                self._background_checkpoints.close()
+            self.tracking.finish()
+            self.checkpointing.close()
         finally:
             self.state.shutdown()
 
+
+def _project_configuration(project_dir: Any, project_config: Any) -> ProjectConfiguration:
+    """`Accelerator(project_config=..., project_dir=...)` checked, as one configuration."""
+    if project_config is not None and not isinstance(project_config, ProjectConfiguration):
+        raise TypeError(
+            "`project_config` must be a fittrain.ProjectConfiguration or None. Received: "
+            f"project_config={project_config!r:.100} (type {type(project_config).__name__}). For a folder, pass "
+            "project_dir=... or project_config=ProjectConfiguration(project_dir=...).")
+    if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
+        raise TypeError(f"`project_dir` must be a str, an os.PathLike or None. Received: project_dir="
+                        f"{project_dir!r:.100} (type {type(project_dir).__name__}).")
+    configuration = project_config if project_config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        # Accelerate's layout: trackers write {project_dir}/{project_name} unless a logging_dir
+        # was given (the Trainer gives its own {project_dir}/logs, where the Logger keeps runs).
+        configuration.set_directories(project_dir)
+    return configuration

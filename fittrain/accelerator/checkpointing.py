@@ -1,8 +1,10 @@
-"""The Accelerator's saving methods: `register_for_checkpointing`, `save_state`, `load_state`, and
-`get_state_dict`, `save_model`, `save`.
+"""`Checkpointing`: the Accelerator's checkpoint manager, as torchtitan's trainer owns a CheckpointManager.
 
-A mixin of `Accelerator`, kept apart so the facade stays short. The checkpoint subsystem itself
-is `fittrain.checkpoint`: its package docstring maps the save and load flows these methods run.
+It holds what `save_state` covers beyond the prepared objects (registered objects, save and load
+hooks, the background writer) and runs the save and load flows; the Accelerator's
+`save_state`, `load_state`, `save_model`, `register_for_checkpointing`, ... delegate to it. How
+each model and optimizer is read and written (gathered, sharded) is the strategy's. The checkpoint
+subsystem itself is `fittrain.checkpoint`: its package docstring maps the flows these methods run.
 """
 
 from __future__ import annotations
@@ -18,40 +20,54 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from fittrain.distributed import collectives
-
-from fittrain.distributed import parallel
+from fittrain.accelerator.prepared import PreparedObjects
 from fittrain.checkpoint.arguments import check_async_save, check_folder
 from fittrain.checkpoint.background import BackgroundCheckpoints
 from fittrain.checkpoint.checks import check_model_states, check_saved_values
 from fittrain.checkpoint.hooks import StateHooks
 from fittrain.checkpoint.latest import load_newest
+from fittrain.checkpoint.model_io import load_model_weights, save_model_weights
 from fittrain.checkpoint.naming import ProjectConfiguration, reserve_target
 from fittrain.checkpoint.reader import CheckpointReader
 from fittrain.checkpoint.restore import apply_state, read_state, undo_new_optimizer_state
-from fittrain.checkpoint.model_io import load_model_weights, save_model_weights
 from fittrain.checkpoint.sharded import METADATA_PATH, VALUES_NAME, ShardCheck, read_index, read_shards
 from fittrain.checkpoint.snapshot import StateParts, capture_state, write_checkpoint
-from fittrain.step.precision import FullPrecision
-from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed import collectives
 from fittrain.distributed.gradient_state import GradientState
+from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.strategies import Strategy
+from fittrain.step.precision import FullPrecision
 
 
-class CheckpointMethods:
-    """Saves and restores everything an Accelerator prepared, plus registered objects."""
+class Checkpointing:
+    """Saves and restores everything an Accelerator prepared, plus registered objects.
 
-    # What the Accelerator provides (declared here so the methods below read on their own).
-    state: ProcessState
-    precision: FullPrecision
-    gradient_state: GradientState
-    project_configuration: ProjectConfiguration
-    _models: list[nn.Module]
-    _optimizers: list[Any]
-    _schedulers: list[Any]
-    _dataloaders: list[Any]
-    _custom_objects: list[Any]
-    state_dict_type: str
-    is_main_process: bool
+    Args:
+        state: This process's place in the run.
+        strategy: The run's strategy, which reads and writes each model's and optimizer's state.
+        prepared: The Accelerator's prepared objects (the same object: prepare adds to it).
+        gradient_state: The accumulation counter, saved as the step.
+        project_configuration: Checkpoint naming, limits and folders.
+        precision: The precision object (its fp16 scaler is saved); the Accelerator replaces it
+            when `mixed_precision` is set.
+        state_dict_type: "full" or "sharded" (`resolve_state_dict_type`); read at every save.
+    """
+
+    def __init__(self, state: ProcessState, strategy: Strategy, prepared: PreparedObjects,
+                 gradient_state: GradientState, project_configuration: ProjectConfiguration,
+                 precision: FullPrecision, state_dict_type: str) -> None:
+        self.state = state
+        self.strategy = strategy
+        self.prepared = prepared
+        self.gradient_state = gradient_state
+        self.project_configuration = project_configuration
+        self.precision = precision
+        self.state_dict_type = state_dict_type
+        #: Objects whose `state_dict()` travels in every save (`register_for_checkpointing`).
+        self.custom_objects: list[Any] = []
+        self.hooks = StateHooks()
+        #: Made at the first `save_state(async_save=True)`; it keeps the CPU copy for the next one.
+        self.background: BackgroundCheckpoints | None = None
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Adds objects whose `state_dict()` travels in every `save_state`.
@@ -65,29 +81,29 @@ class CheckpointMethods:
                     "register_for_checkpointing() needs objects with state_dict() and load_state_dict() methods. "
                     f"Received: {obj!r} (type {type(obj).__name__}), which lacks them. Add both methods."
                 )
-        self._custom_objects.extend(objects)
+        self.custom_objects.extend(objects)
 
     def _state_parts(self, gather: bool = True) -> StateParts:
         """The live objects a checkpoint covers; `gather=False` (for loading) skips collecting their
         state dicts, leaving empty placeholders, one per model and optimizer. A sharded save takes
         each rank's shards instead of gathering (`sharded`)."""
-        models, optimizers = self._models, self._optimizers
+        models, optimizers, strategy = self.prepared.models, self.prepared.optimizers, self.strategy
         sharded = self._sharded_states(len(models)) if gather and self.state_dict_type == "sharded" else None
         if sharded is not None:  # nothing gathered, and no model or optimizer file written
             model_states, optimizer_states = [], []
         elif gather:
             model_states = [self.get_state_dict(m) for m in models]
-            optimizer_states = [parallel.optimizer_state_dict(o, models) for o in optimizers]
+            optimizer_states = [strategy.optimizer_state_dict(o, models) for o in optimizers]
         else:
             model_states, optimizer_states = [{} for _ in models], [{} for _ in optimizers]
         return StateParts(
             model_state_dicts=model_states, optimizer_state_dicts=optimizer_states,
             sharded=sharded,
-            optimizers=optimizers, schedulers=self._schedulers, dataloaders=self._dataloaders,
-            custom=self._custom_objects, precision=self.precision,
+            optimizers=optimizers, schedulers=self.prepared.schedulers, dataloaders=self.prepared.dataloaders,
+            custom=self.custom_objects, precision=self.precision,
             # The optimizers' classes let a load refuse another optimizer's state by name.
-            accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.num_processes,
-                               "mixed_precision": self.mixed_precision, "state_dict_type": self.state_dict_type,
+            accelerator_state={"step": self.gradient_state.batches_seen, "num_processes": self.state.num_processes,
+                               "mixed_precision": self.precision.name, "state_dict_type": self.state_dict_type,
                                "optimizer_types": [type(getattr(o, "optimizer", o)).__name__ for o in optimizers]})
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
@@ -95,10 +111,7 @@ class CheckpointMethods:
 
         With `unwrap=False` the keys are those of the wrapped model (DDP's `module.` prefix).
         """
-        full = parallel.full_state_dict(model)
-        if unwrap or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return full
-        return {f"module.{key}": value for key, value in full.items()}
+        return self.strategy.full_state_dict(model, unwrap)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
@@ -108,17 +121,17 @@ class CheckpointMethods:
         streaming them shard by shard: no process holds more than one file's worth of the
         model. Only the main process writes.
         """
-        if parallel.is_fsdp(parallel.unwrap(model)):
-            from fittrain.distributed.sharded_state import full_tensors, model_state
-
-            save_model_weights(model_state(model), save_directory, max_shard_size, safe_serialization,
-                               materialize=full_tensors, is_main_process=self.is_main_process)
-        elif self.is_main_process:
+        streamed = self.strategy.streamed_weights(model)
+        if streamed is not None:
+            weights, materialize = streamed
+            save_model_weights(weights, save_directory, max_shard_size, safe_serialization,
+                               materialize=materialize, is_main_process=self.state.is_main_process)
+        elif self.state.is_main_process:
             save_model_weights(self.get_state_dict(model), save_directory, max_shard_size, safe_serialization)
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Saves `obj` with torch.save (or safetensors) from the main process only."""
-        if not self.is_main_process:
+        if not self.state.is_main_process:
             return
         if safe_serialization:
             from safetensors.torch import save_file
@@ -126,9 +139,6 @@ class CheckpointMethods:
             save_file(obj, os.fspath(f), metadata={"format": "pt"})
         else:
             torch.save(obj, f)
-
-    # Made at the first save_state(async_save=True); a class default keeps the constructor lean.
-    _background_checkpoints: BackgroundCheckpoints | None = None
 
     def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
                    safe_serialization: bool = True, **kwargs: Any) -> str:
@@ -163,7 +173,7 @@ class CheckpointMethods:
             # Claimed now, on this thread: another writer of the project (a job, an Accelerator)
             # never gets this number, and a background write needs none of its own.
             target, reserved = reserve_target(
-                config, self.is_main_process, lambda obj: collectives.broadcast_object(obj, self.state))
+                config, self.state.is_main_process, lambda obj: collectives.broadcast_object(obj, self.state))
         elif output_dir is None:
             raise ValueError("save_state() needs `output_dir`, or a ProjectConfiguration with "
                              "automatic_checkpoint_naming=True. Received: output_dir=None.")
@@ -171,14 +181,14 @@ class CheckpointMethods:
             target = pathlib.Path(output_dir)
             self._check_same_folder(target)
         try:
-            if async_save and self._background_checkpoints is None:
-                self._background_checkpoints = BackgroundCheckpoints(self.state)
-            stage = self._background_checkpoints.stager() if async_save else None
+            if async_save and self.background is None:
+                self.background = BackgroundCheckpoints(self.state)
+            stage = self.background.stager() if async_save else None
             # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
             parts = self._state_parts()
             staging = self._run_save_hooks(parts)
-            snapshot = capture_state(parts, self.process_index, self.is_main_process, stage)
-            prune = config.prune if config.automatic_checkpoint_naming and self.is_main_process else None
+            snapshot = capture_state(parts, self.state.process_index, self.state.is_main_process, stage)
+            prune = config.prune if config.automatic_checkpoint_naming and self.state.is_main_process else None
 
             def write(barrier: Callable[[], None], group: Any = None) -> None:
                 try:
@@ -188,9 +198,9 @@ class CheckpointMethods:
                         shutil.rmtree(staging, ignore_errors=True)
 
             if async_save:
-                self._background_checkpoints.start(target, write)
+                self.background.start(target, write)
             else:
-                write(self.wait_for_everyone)
+                write(self.state.barrier)
         except BaseException:
             if reserved is not None:
                 reserved.release()  # does nothing once the folder is committed
@@ -199,45 +209,43 @@ class CheckpointMethods:
 
     def _sharded_states(self, models: int) -> dict[str, Any]:
         """This rank's own shards of the first `models` models and of every optimizer (no gathering)."""
-        from fittrain import sharded_state  # imports torch.distributed.checkpoint: only for sharded checkpoints
-
-        states = {f"model_{i}": sharded_state.model_state(m) for i, m in enumerate(self._models[:models])}
-        states.update((f"optimizer_{i}", sharded_state.optimizer_state(o, self._models))
-                      for i, o in enumerate(self._optimizers))
+        prepared, strategy = self.prepared, self.strategy
+        states = {f"model_{i}": strategy.sharded_state_dict(m) for i, m in enumerate(prepared.models[:models])}
+        states.update((f"optimizer_{i}", strategy.sharded_optimizer_state_dict(o, prepared.models))
+                      for i, o in enumerate(prepared.optimizers))
         return states
 
     def _run_save_hooks(self, parts: StateParts) -> pathlib.Path | None:
         """Runs the save pre-hooks on the weights about to be written; a model whose entry a hook
         popped is left out of a sharded checkpoint too."""
         if parts.sharded is None:
-            return self._state_hooks.run_save(list(self._models), parts.model_state_dicts)
-        weights = [parts.sharded[f"model_{i}"] for i in range(len(self._models))]
-        staging = self._state_hooks.run_save(list(self._models), weights)
-        for i in range(len(weights), len(self._models)):
+            return self.hooks.run_save(list(self.prepared.models), parts.model_state_dicts)
+        weights = [parts.sharded[f"model_{i}"] for i in range(len(self.prepared.models))]
+        staging = self.hooks.run_save(list(self.prepared.models), weights)
+        for i in range(len(weights), len(self.prepared.models)):
             del parts.sharded[f"model_{i}"]
         return staging
 
-    def _restore_weights(self, folder: str | os.PathLike, model: nn.Module) -> None:
-        """Loads only `model`'s weights from a checkpoint folder; every process calls it.
+    def restore_weights(self, folder: str | os.PathLike, model: nn.Module) -> None:
+        """Loads only `model`'s weights (a prepared model) from a checkpoint folder; every process calls it.
 
         A sharded checkpoint loads each rank's shard (nothing is gathered); a full one is read
-        whole and resharded under FSDP2. (`Checkpointer(restore_best=True)` uses it.)
+        whole and resharded under FSDP2. `Checkpointer(restore_best=True)` uses it.
         """
         with CheckpointReader(folder) as reader:  # closing the shard files it holds
             if not reader.has(METADATA_PATH):
-                parallel.load_full_state_dict(model, load_model_weights(folder))
+                self.strategy.load_full_state_dict(model, load_model_weights(folder))
                 return
-            from fittrain.distributed import sharded_state
-
-            check = ShardCheck(reader, self.process_index, self.num_processes)
+            check = ShardCheck(reader, self.state.process_index, self.state.num_processes)
             index = read_index(reader)
             check.wait(self._share)
-            i = next(i for i, m in enumerate(self._models) if parallel.unwrap(m) is parallel.unwrap(model))
+            own = self.strategy.unwrap(model)
+            i = next(i for i, m in enumerate(self.prepared.models) if self.strategy.unwrap(m) is own)
             name = f"model_{i}"
-            live = {name: sharded_state.model_state(model)}
+            live = {name: self.strategy.sharded_state_dict(model)}
             check_saved_values(reader.path / VALUES_NAME, name, live[name], index[1].get(name, {}))
             filled = read_shards(reader, live, index)  # DCP reads into the live weights: checked first
-            sharded_state.load_model_state(model, filled[name])
+            self.strategy.load_sharded_state_dict(model, filled[name])
 
     def _share(self, value: Any) -> list[Any]:
         """`value` from every process, on every process (so that all of them refuse a damaged shard)."""
@@ -246,20 +254,12 @@ class CheckpointMethods:
     def _load_shards(self, reader: CheckpointReader, index: Any, models: int, states: dict[str, Any]) -> None:
         """Loads a sharded checkpoint's models (the first `models`) and optimizers (collective) into
         `states`, their live sharded states that `read_state` checked it against."""
-        from fittrain.distributed import sharded_state
-
         filled = read_shards(reader, states, index)
+        prepared, strategy = self.prepared, self.strategy
         for i in range(models):
-            sharded_state.load_model_state(self._models[i], filled[f"model_{i}"])
-        for i, optimizer in enumerate(self._optimizers):
-            sharded_state.load_optimizer_state(optimizer, self._models, filled[f"optimizer_{i}"])
-
-    @property
-    def _state_hooks(self) -> StateHooks:
-        hooks = self.__dict__.get("_hooks")
-        if hooks is None:
-            hooks = self.__dict__["_hooks"] = StateHooks()
-        return hooks
+            strategy.load_sharded_state_dict(prepared.models[i], filled[f"model_{i}"])
+        for i, optimizer in enumerate(prepared.optimizers):
+            strategy.load_sharded_optimizer_state_dict(optimizer, prepared.models, filled[f"optimizer_{i}"])
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Registers `hook(models, weights, output_dir)`, called by `save_state` before it writes.
@@ -272,7 +272,7 @@ class CheckpointMethods:
         Returns:
             A handle whose `remove()` unregisters the hook.
         """
-        return self._state_hooks.register(self._state_hooks.save, hook, "register_save_state_pre_hook")
+        return self.hooks.register(self.hooks.save, hook, "register_save_state_pre_hook")
 
     def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Registers `hook(models, input_dir)`, called by `load_state` before it reads the models.
@@ -283,7 +283,7 @@ class CheckpointMethods:
         Returns:
             A handle whose `remove()` unregisters the hook.
         """
-        return self._state_hooks.register(self._state_hooks.load, hook, "register_load_state_pre_hook")
+        return self.hooks.register(self.hooks.load, hook, "register_load_state_pre_hook")
 
     def _check_same_folder(self, target: pathlib.Path) -> None:
         """Refuses a save to different folders on different processes (one small gather).
@@ -311,8 +311,19 @@ class CheckpointMethods:
             Exception: whatever the background write raised, with a note naming the folder; that
                 checkpoint was not saved (earlier ones are intact).
         """
-        if self._background_checkpoints is not None:
-            self._background_checkpoints.wait()
+        if self.background is not None:
+            self.background.wait()
+
+    def release_buffers(self) -> None:
+        """Waits for a write in flight, then frees the CPU copy that async saves keep (`free_memory`)."""
+        self.wait_for_checkpoint()
+        if self.background is not None:
+            self.background.release_buffers()
+
+    def close(self) -> None:
+        """Waits for a write in flight and stops the background writer (`end_training`); raises its error."""
+        if self.background is not None:
+            self.background.close()
 
     def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True, **kwargs: Any) -> str:
         """Restores everything `save_state` saved. Data loaders get their position back but are not
@@ -350,17 +361,18 @@ class CheckpointMethods:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""
         # A sharded load holds its shard files until the end; DCP's optimizer state made for a load
         # that is then refused is removed again.
-        with CheckpointReader(source) as reader, undo_new_optimizer_state(self._optimizers):
-            kept = self._state_hooks.run_load(list(self._models), os.fspath(source), reader)
+        prepared, strategy = self.prepared, self.strategy
+        with CheckpointReader(source) as reader, undo_new_optimizer_state(prepared.optimizers):
+            kept = self.hooks.run_load(list(prepared.models), os.fspath(source), reader)
             parts = self._state_parts(gather=False)
             parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
             # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-            loaded = read_state(reader, parts, self.process_index, self._share, lambda: self._sharded_states(kept))
+            loaded = read_state(reader, parts, self.state.process_index, self._share, lambda: self._sharded_states(kept))
             check_model_states(reader.path, loaded["models"],
-                               [parallel.unwrap(m).state_dict() for m in self._models[:kept]])
+                               [strategy.unwrap(m).state_dict() for m in prepared.models[:kept]])
             apply_state(
-                loaded, parts, lambda i, sd: parallel.load_full_state_dict(self._models[i], sd),
-                lambda i, sd: parallel.load_optimizer_state_dict(self._optimizers[i], self._models, sd),
+                loaded, parts, lambda i, sd: strategy.load_full_state_dict(prepared.models[i], sd),
+                lambda i, sd: strategy.load_optimizer_state_dict(prepared.optimizers[i], prepared.models, sd),
                 lambda index, states: self._load_shards(reader, index, kept, states))
         self.gradient_state.batches_seen = loaded["meta"]["step"]
         self.project_configuration.after_load(source)
@@ -379,10 +391,9 @@ def _refuse_options(method: str, options: dict[str, Any]) -> None:
 _STATE_DICT_TYPES = {"full": "full", "sharded": "sharded", "full_state_dict": "full", "sharded_state_dict": "sharded"}
 
 
-def resolve_state_dict_type(value: str | None, strategy: str, num_processes: int) -> str:
+def resolve_state_dict_type(value: str | None, default: str) -> str:
     """"full" or "sharded": the value given, else Accelerate's FSDP_STATE_DICT_TYPE variable, else
-    "sharded" under FSDP2 on several processes (no rank gathers the model) and "full" otherwise
-    (one process shards nothing, and there the full format is the faster one: benchmarks/checkpoint.py).
+    `default`, the strategy's (`Strategy.default_state_dict_type`).
 
     Raises:
         ValueError: for any other value, naming it.
@@ -391,7 +402,7 @@ def resolve_state_dict_type(value: str | None, strategy: str, num_processes: int
     if value is None and os.environ.get("FSDP_STATE_DICT_TYPE"):
         value, source = os.environ["FSDP_STATE_DICT_TYPE"], "the FSDP_STATE_DICT_TYPE environment variable"
     if value is None:
-        return "sharded" if strategy == "fsdp" and num_processes > 1 else "full"
+        return default
     resolved = _STATE_DICT_TYPES.get(value.lower()) if isinstance(value, str) else None
     if resolved is None:
         raise ValueError(f"Accelerator(state_dict_type=...) must be 'full' or 'sharded' (or Accelerate's "

@@ -1,9 +1,11 @@
-"""Accelerate's methods that user scripts call and fittrain's own loop does not need.
+"""Accelerate's Accelerator methods that user scripts call and fittrain's own loop does not need.
 
-A mixin of `Accelerator`: `prepare_model`/`prepare_optimizer`/`prepare_scheduler` (one kind
-each), `trigger_sync_in_backward` (a loss built from several forwards under `no_sync`),
-`join_uneven_inputs` (DDP's Join for loaders of different lengths), and read-only views of the
-data loader configuration (`split_batches`, `use_seedable_sampler`, ...).
+`CompatMethods`, a base class of `Accelerator`, kept apart so the facade stays short:
+`prepare_model`/`prepare_optimizer`/`prepare_scheduler` (one kind each, through `prepare`),
+`trigger_sync_in_backward` (a loss built from several forwards under `no_sync`),
+`join_uneven_inputs` (DDP's Join for loaders of different lengths), `profile`, and read-only
+views of the configuration (`split_batches`, `use_seedable_sampler`, `is_fsdp2`, ...). It reads
+only the Accelerator's public attributes, declared below.
 """
 
 from __future__ import annotations
@@ -11,27 +13,33 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from fittrain.accelerator.configuration import ProfileKwargs
+from fittrain.accelerator.configuration import DataLoaderConfiguration, ProfileKwargs
+from fittrain.accelerator.prepared import PreparedObjects
+from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.data import BatchesShard, StreamShard
 from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.strategies import Strategy
+from fittrain.step.precision import FullPrecision
 
 
 class CompatMethods:
-    """Accelerate's less common Accelerator methods, on top of `prepare` and the process group."""
+    """Accelerate's less common Accelerator methods, on the Accelerator's public attributes."""
 
-    state: ProcessState  # what the Accelerator provides
-    strategy: str
+    # The Accelerator's attributes and method these methods use (it sets each in __init__).
+    prepare: Callable[..., Any]
+    state: ProcessState
+    precision: FullPrecision
     device_placement: bool
-    _dataloaders: list[Any]
-
-    def prepare(self, *objs: Any) -> Any:  # provided by the Accelerator
-        raise NotImplementedError
+    distributed_strategy: Strategy
+    prepared: PreparedObjects
+    dataloader_config: DataLoaderConfiguration
+    profile_handler: ProfileKwargs | None
+    project_configuration: ProjectConfiguration
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
@@ -48,7 +56,7 @@ class CompatMethods:
         placement = self.device_placement if device_placement is None else device_placement
         if evaluation_mode:
             model = model.to(self.state.device) if placement else model
-            self.precision.wrap_forward(model)  # type: ignore[attr-defined]
+            self.precision.wrap_forward(model)
             return model
         saved, self.device_placement = self.device_placement, placement
         try:
@@ -65,8 +73,7 @@ class CompatMethods:
     def prepare_scheduler(self, scheduler: Any) -> Any:
         """Prepares one LR scheduler, as `prepare(scheduler)` does."""
         if not isinstance(scheduler, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
-            raise TypeError("prepare_scheduler() takes a torch LR scheduler. Received: "
-                            f"{type(scheduler).__name__}.")
+            raise TypeError(f"prepare_scheduler() takes a torch LR scheduler. Received: {type(scheduler).__name__}.")
         return self.prepare(scheduler)
 
     @contextlib.contextmanager
@@ -77,16 +84,8 @@ class CompatMethods:
         (contrastive losses): DDP then reduces the gradients of this backward. Elsewhere (one
         process, FSDP2, which syncs per backward anyway) it does nothing.
         """
-        if not isinstance(model, DistributedDataParallel):
+        with self.distributed_strategy.trigger_sync_in_backward(model):
             yield
-            return
-        saved = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])  # what DDP's forward would have done with sync on
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
@@ -97,24 +96,20 @@ class CompatMethods:
             even_batches: Overrides `even_batches` of the prepared loaders inside the block; pass
                 False so that each process really sees only its own share.
         """
-        if even_batches is not None and any(isinstance(loader, StreamShard) for loader in self._dataloaders):
+        if even_batches is not None and any(isinstance(loader, StreamShard) for loader in self.prepared.dataloaders):
             warnings.warn("Overriding even_batches is only supported for map-style datasets (a DataLoader over a "
                           "Dataset, or a list of batches); the prepared loaders over an IterableDataset keep "
                           "padding their last round, so every process takes the same number of steps.",
                           UserWarning, stacklevel=3)
         with self._even_batches_as(even_batches):
-            if not self.state.is_distributed:
-                yield
-            elif self.strategy == "fsdp" or not all(isinstance(j, DistributedDataParallel) or
-                                                   hasattr(j, "join_hook") for j in joinables):
+            join = self.distributed_strategy.join(joinables)
+            if join is None:
                 warnings.warn("join_uneven_inputs() works with DDP models (torch.distributed.algorithms.Join); "
                               "with FSDP2 or other objects the block runs without it, so uneven loaders may hang. "
                               "Use even_batches=True instead.", stacklevel=3)
                 yield
             else:
-                from torch.distributed.algorithms import Join
-
-                with Join(list(joinables)):
+                with join:
                     yield
 
     @contextlib.contextmanager
@@ -124,9 +119,10 @@ class CompatMethods:
             return
         if not isinstance(even_batches, bool):
             raise TypeError(f"`even_batches` must be True, False or None. Received: even_batches={even_batches!r:.80}.")
-        dealers = [getattr(loader, "dealer", None) for loader in self._dataloaders]
+        loaders = self.prepared.dataloaders
+        dealers = [getattr(loader, "dealer", None) for loader in loaders]
         dealers = [d for d in dealers if d is not None and hasattr(d, "pads")]
-        lists = [loader for loader in self._dataloaders if isinstance(loader, BatchesShard)]
+        lists = [loader for loader in loaders if isinstance(loader, BatchesShard)]
         saved = [d.pads for d in dealers], [b.even_batches for b in lists]
         for dealer in dealers:
             # As each dealer computes it: a loader that drops its last round never pads.
@@ -150,7 +146,7 @@ class CompatMethods:
                 torch's defaults. With `output_trace_dir`, each process writes its Chrome trace
                 there as `PROFILE_PROCESS_{rank}.json` when the block ends.
         """
-        handler = profile_handler or self.profile_handler or ProfileKwargs()  # type: ignore[attr-defined]
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
         if not isinstance(handler, ProfileKwargs):
             raise TypeError(f"`profile_handler` must be a fittrain.utils.ProfileKwargs or None. Received: "
                             f"{handler!r:.80} ({type(handler).__name__}).")
@@ -168,41 +164,41 @@ class CompatMethods:
     @property
     def split_batches(self) -> bool:
         """`DataLoaderConfiguration.split_batches`."""
-        return self.dataloader_config.split_batches  # type: ignore[attr-defined]
+        return self.dataloader_config.split_batches
 
     @property
     def even_batches(self) -> bool:
         """`DataLoaderConfiguration.even_batches`."""
-        return self.dataloader_config.even_batches  # type: ignore[attr-defined]
+        return self.dataloader_config.even_batches
 
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value  # type: ignore[attr-defined]
+        self.dataloader_config.even_batches = value
 
     @property
     def use_seedable_sampler(self) -> bool:
         """`DataLoaderConfiguration.use_seedable_sampler`."""
-        return self.dataloader_config.use_seedable_sampler  # type: ignore[attr-defined]
+        return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
         """`DataLoaderConfiguration.non_blocking`."""
-        return self.dataloader_config.non_blocking  # type: ignore[attr-defined]
+        return self.dataloader_config.non_blocking
 
     @property
     def use_stateful_dataloader(self) -> bool:
         """Always True in effect: every prepared loader saves its position; this is the configured value."""
-        return self.dataloader_config.use_stateful_dataloader  # type: ignore[attr-defined]
+        return self.dataloader_config.use_stateful_dataloader
 
     @property
     def dispatch_batches(self) -> bool | None:
         """Always False or None: every process reads its own share."""
-        return self.dataloader_config.dispatch_batches  # type: ignore[attr-defined]
+        return self.dataloader_config.dispatch_batches
 
     @property
     def is_fsdp2(self) -> bool:
         """Whether models are sharded with FSDP2 (`strategy="fsdp"` on several processes)."""
-        return self.strategy == "fsdp" and self.state.is_distributed
+        return self.distributed_strategy.is_sharding
 
     @property
     def multi_device(self) -> bool:
@@ -217,4 +213,4 @@ class CompatMethods:
     @property
     def save_iteration(self) -> int:
         """The number the next automatically named checkpoint gets."""
-        return self.project_configuration.iteration  # type: ignore[attr-defined]
+        return self.project_configuration.iteration

@@ -416,3 +416,11 @@ def check_fsdp_classes(classes: Any) -> tuple[type, ...] | None:
                     f"FSDP2 shards one by one. Received: fsdp_classes={short_repr(classes)}. Pass the classes "
                     "themselves, not instances or names: fsdp_classes=[MyBlock], or None to shard every module "
                     "that holds parameters.")
+
+
+def check_dynamo_plugin(plugin: Any) -> Any:
+    """`Accelerator(dynamo_plugin=...)`: a `TorchDynamoPlugin` or None, returned as given."""
+    if plugin is not None and not isinstance(plugin, TorchDynamoPlugin):
+        raise TypeError(f"`dynamo_plugin` must be a fittrain.utils.TorchDynamoPlugin or None. Received: "
+                        f"dynamo_plugin={short_repr(plugin)} ({type(plugin).__name__}).")
+    return plugin

@@ -13,11 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-import os
-
-from fittrain.launch.config import DEBUG_ENV, MIXED_PRECISION_ENV, launch_defaults
+from fittrain.accelerator.launch_env import DEBUG_ENV, MIXED_PRECISION_ENV, launch_defaults
 from fittrain.distributed.parallel import resolve_strategy
 from fittrain.distributed.process_methods import ProcessHelpers
 from fittrain.distributed.process_state import DistributedType, ProcessState

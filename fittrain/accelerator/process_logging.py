@@ -76,7 +76,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             self.logger.log(level, msg, *args, **kwargs)
 
     def _log_in_order(self, level: int, msg: Any, args: tuple[Any, ...], kwargs: MutableMapping[str, Any]) -> None:
-        from fittrain.accelerator.partial_state import PartialState  # joins the process group if the environment asks for one
+        from fittrain.accelerator.partial_state import (
+            PartialState,  # joins the process group if the environment asks for one
+        )
 
         kwargs["stacklevel"] = kwargs["stacklevel"] + 1  # this method is one more frame above the caller
         state = PartialState()

@@ -1,6 +1,6 @@
-"""The Accelerator's tracker methods (Accelerate's): `init_trackers`, `log`, `get_tracker`, `trackers`.
+"""`Tracking`: the Accelerator's experiment trackers (Accelerate's `init_trackers`, `log`, `get_tracker`, `trackers`).
 
-A mixin of `Accelerator`, kept apart so the facade stays short. The trackers themselves are
+The Accelerator owns one and delegates those methods to it. The trackers themselves are
 `fittrain.trackers` (its package docstring shows them). Only the main process opens trackers;
 the others hold `NoOpTracker`s, so the same calls run everywhere and cost nothing there.
 """
@@ -12,22 +12,25 @@ from typing import Any
 
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.reprs import short_repr
-from fittrain.distributed.process_state import ProcessState
 from fittrain.trackers.base import NoOpTracker
 from fittrain.trackers.registry import TrackerSpec, check_kwargs, missing_logging_dir, open_trackers
 
 
-class TrackingMethods:
-    """Accelerate's experiment-tracking methods."""
+class Tracking:
+    """The trackers of one Accelerator: opened by `init_trackers`, written by `log`.
 
-    # What the Accelerator provides (declared here so the methods below read on their own).
-    state: ProcessState
-    is_main_process: bool
-    project_configuration: ProjectConfiguration
-    #: The resolved `Accelerator(log_with=...)`: built-in tracker classes and tracker instances.
-    log_with: list[TrackerSpec]
-    # Set by init_trackers; a class default keeps the constructor lean.
-    _trackers: tuple[Any, ...] = ()
+    Args:
+        log_with: The resolved `Accelerator(log_with=...)`: built-in tracker classes and tracker instances.
+        project_configuration: Where file trackers write (its `logging_dir`).
+        is_main_process: Whether this process opens real trackers (the others get `NoOpTracker`s).
+    """
+
+    def __init__(self, log_with: list[TrackerSpec], project_configuration: ProjectConfiguration,
+                 is_main_process: bool) -> None:
+        self.log_with = log_with
+        self.project_configuration = project_configuration
+        self.is_main_process = is_main_process
+        self._trackers: tuple[Any, ...] = ()  # set by init_trackers
 
     @property
     def trackers(self) -> list[Any]:
@@ -62,7 +65,7 @@ class TrackingMethods:
         missing = missing_logging_dir(self.log_with, "init_trackers()") if logging_dir is None else None
         if missing is not None:
             raise missing
-        self._finish_trackers()
+        self.finish()
 
         def build(cls: Any, options: dict[str, Any]) -> Any:
             if cls.requires_logging_directory:
@@ -109,7 +112,7 @@ class TrackingMethods:
         raise ValueError(f"get_tracker({name!r}): no open tracker has that name. Received: name={name!r}. Open "
                          f"trackers: {names}.")
 
-    def _finish_trackers(self) -> None:
+    def finish(self) -> None:
         """Finishes every open tracker (end_training and a second init_trackers call it)."""
         trackers, self._trackers = self._trackers, ()
         for tracker in trackers:

@@ -13,8 +13,8 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from fittrain.distributed import collectives
-from fittrain.distributed.process_state import ProcessState
 from fittrain.distributed.gradient_state import GradientState
+from fittrain.distributed.process_state import ProcessState
 
 
 class ProcessHelpers:

@@ -3,8 +3,8 @@
 torch.distributed.checkpoint's state_dict API with `full_state_dict=False`: under FSDP2 each rank
 gets its own shards (DTensors) and nothing is gathered; a model that is not sharded gives its
 plain tensors (the same on every rank, which DCP writes once). Optimizer states are keyed by
-parameter name, so they load into another process count. `parallel` holds the full-state
-counterparts.
+parameter name, so they load into another process count. The strategies
+(`fittrain.distributed.strategies`) hold the full-state counterparts and call these.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fittrain.distributed.parallel import unwrap
+from fittrain.distributed.strategies.parameters import inner_optimizer, set_hyperparameters
+from fittrain.distributed.wrappers import unwrap
 
 _SHARDED = StateDictOptions(full_state_dict=False)
 
@@ -36,19 +37,13 @@ def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> N
     set_model_state_dict(unwrap(model), state_dict, options=_SHARDED)
 
 
-def _inner(optimizer: Any) -> torch.optim.Optimizer:
-    # DCP may run a zero-lr step to create missing state: it must reach the real optimizer, not
-    # AcceleratedOptimizer, whose step() skips inside accumulation windows.
-    return getattr(optimizer, "optimizer", optimizer)
-
-
 def _owner(optimizer: Any, models: Iterable[nn.Module]) -> nn.Module:
     """The one prepared model all of whose trained parameters `optimizer` holds.
 
     Raises:
         ValueError: when no single prepared model holds them (say the key names to use).
     """
-    held = {id(p) for group in _inner(optimizer).param_groups for p in group["params"]}
+    held = {id(p) for group in inner_optimizer(optimizer).param_groups for p in group["params"]}
     for model in map(unwrap, models):
         if held <= {id(p) for p in model.parameters()}:
             return model
@@ -61,18 +56,15 @@ def _owner(optimizer: Any, models: Iterable[nn.Module]) -> nn.Module:
 
 def optimizer_state(optimizer: Any, models: Iterable[nn.Module]) -> dict[str, Any]:
     """The optimizer's state as this rank holds it, keyed by parameter name (no gathering)."""
-    return get_optimizer_state_dict(_owner(optimizer, models), _inner(optimizer), options=_SHARDED)
+    return get_optimizer_state_dict(_owner(optimizer, models), inner_optimizer(optimizer), options=_SHARDED)
 
 
 def load_optimizer_state(optimizer: Any, models: Iterable[nn.Module], state: dict[str, Any]) -> None:
     """Loads `optimizer_state`'s form into the optimizer."""
-    inner = _inner(optimizer)
+    inner = inner_optimizer(optimizer)
     if not any(isinstance(v, torch.Tensor) for per_param in state.get("state", {}).values()
                for v in per_param.values()):
-        # A stateless optimizer (plain SGD): torch's loader cannot place an empty state, so the
-        # groups' hyperparameters (lr, ...) are set directly, in order.
-        for group, saved in zip(inner.param_groups, state.get("param_groups", ())):
-            group.update({key: value for key, value in saved.items() if key != "params"})
+        set_hyperparameters(optimizer, state)  # a stateless optimizer (plain SGD): nothing to place
         return
     set_optimizer_state_dict(_owner(optimizer, models), inner, state, options=_SHARDED)
 

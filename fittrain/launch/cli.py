@@ -17,17 +17,13 @@ import signal
 import sys
 from typing import Any, Sequence
 
+from fittrain.accelerator.launch_env import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from fittrain.checkpoint import consolidate
-
-from fittrain.launch import config as launch_config
-
-from fittrain.distributed import launch_guard
-
-from fittrain.distributed import slurm
-from fittrain.launch.config import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
+from fittrain.distributed import launch_guard, slurm
 from fittrain.distributed.parallel import STRATEGIES, STRATEGY_ENV
-from fittrain.step.precision import PRECISIONS
 from fittrain.distributed.process_state import TIMEOUT_ENV
+from fittrain.launch import config as launch_config
+from fittrain.step.precision import PRECISIONS
 
 _LAUNCH_EXAMPLES = """\
 examples:

@@ -10,12 +10,12 @@ model alike.
 
 Why the forward and not `nn.Module.compile()` (which compiles `_call_impl`): the Trainer runs a
 step under DDP or FSDP2 by pointing the wrapped module's forward at `training_step` for one call
-(`trainer_parts.make_step_runner`). A compiled `_call_impl` would trace that swap, a new function
+(`fittrain.trainer.parts.make_step_runner`). A compiled `_call_impl` would trace that swap, a new function
 each step, and recompile every step; a compiled forward is called by the user's `self(x)` inside
 the step and sees the same code every time. The precision wrapper (`AutocastForward`) goes
 outside the compiled forward, so autocast is set before the compiled code runs and the outputs
 are cast to float32 after it. Under FSDP2 the innermost sharded units are compiled instead of
-the root (`compile_targets`).
+the root (the strategy's `compile_targets`).
 
 `torch._dynamo` costs about a second to import, so this module imports it only when a model is
 compiled or a backend name is checked (`torch._inductor`, when an inductor mode is checked): `import
@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from fittrain.distributed.parallel import is_fsdp
 from fittrain.common.reprs import short_repr
+from fittrain.step.precision import AutocastForward
 
 #: The keyword options of `torch.compile` that `Trainer(compile={...})` accepts.
 COMPILE_OPTIONS = ("backend", "mode", "fullgraph", "dynamic", "options", "disable")
@@ -82,17 +82,16 @@ def check_dynamo_backend(value: Any) -> dict[str, Any] | None:
 def compile_settings(backend: Any, plugin: Any) -> dict[str, Any] | None:
     """The torch.compile options of `Accelerator(dynamo_backend=..., dynamo_plugin=...)`.
 
+    Args:
+        backend: The `dynamo_backend` argument.
+        plugin: A `TorchDynamoPlugin` (its type checked by the Accelerator's configuration:
+            anything with `to_kwargs()`), or None.
+
     Raises:
-        TypeError: for a plugin that is not a `TorchDynamoPlugin`.
         ValueError: for both given, or what `check_dynamo_backend` / `check_compile` refuse.
     """
     if plugin is None:
         return check_dynamo_backend(backend)
-    from fittrain.accelerator.configuration import TorchDynamoPlugin
-
-    if not isinstance(plugin, TorchDynamoPlugin):
-        raise TypeError(f"`dynamo_plugin` must be a fittrain.utils.TorchDynamoPlugin or None. Received: "
-                        f"dynamo_plugin={short_repr(plugin)} ({type(plugin).__name__}).")
     if backend is not None and str(getattr(backend, "value", backend)).lower() != "no":
         raise ValueError(f"Pass either `dynamo_backend` or `dynamo_plugin`, not both. Received: dynamo_backend="
                          f"{short_repr(backend)} and dynamo_plugin={short_repr(plugin)}. Set the backend in the plugin.")
@@ -180,21 +179,6 @@ def is_compiled_forward(forward: Any) -> bool:
     return isinstance(forward, CompiledForward)
 
 
-def compile_targets(model: nn.Module) -> list[nn.Module]:
-    """The modules whose forward to compile: `model` itself, or under FSDP2 its innermost sharded
-    units (the blocks of `fsdp_classes`, by default every module that holds parameters).
-
-    FSDP2's hooks gather and free parameters around each unit's forward, and Dynamo does not
-    trace them (it breaks the graph there), so a compiled root would be cut into pieces at every
-    unit. The hooks run outside each unit's forward, so compiling the innermost units' forwards
-    gives whole graphs, as torchtitan compiles each transformer block.
-    """
-    units = [m for m in model.modules() if is_fsdp(m)]
-    if not units:
-        return [model]
-    return [unit for unit in units if not any(is_fsdp(m) for m in unit.modules() if m is not unit)]
-
-
 def compile_forward(module: nn.Module, options: dict[str, Any]) -> None:
     """Replaces `module.forward`, on the instance, with `torch.compile(module.forward, **options)`.
 
@@ -220,6 +204,16 @@ def remove_compiled_forward(module: nn.Module) -> None:
         del module.forward
     else:  # a forward the instance had before (another wrapper): put it back
         module.forward = original
+
+
+def remove_compile(module: nn.Module) -> None:
+    """Undoes `compile_forward` on `module`, also under the precision wrapper, which stays
+    (`unwrap_model(keep_torch_compile=False)`)."""
+    forward = module.__dict__.get("forward")
+    if isinstance(forward, AutocastForward):  # the fp32 wrapper stays, around the plain forward
+        forward.original = uncompiled(forward.original)
+    else:
+        remove_compiled_forward(module)
 
 
 def use_compile(accelerator: Any, options: dict[str, Any] | None) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from fittrain.step.precision import FullPrecision
 from fittrain.distributed.gradient_state import GradientState
+from fittrain.step.precision import FullPrecision
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

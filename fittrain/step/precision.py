@@ -48,6 +48,18 @@ class AutocastForward:
         return to_fp32(out)
 
 
+def remove_autocast_forward(module: torch.nn.Module) -> None:
+    """Undoes `wrap_forward` on `module` (`unwrap_model(keep_fp32_wrapper=False)`); a compiled
+    forward under the wrapper stays."""
+    forward = module.__dict__.get("forward")
+    if not isinstance(forward, AutocastForward):
+        return
+    if getattr(forward.original, "__self__", None) is module:  # the class's own forward needs no attribute
+        del module.forward
+    else:
+        module.forward = forward.original
+
+
 class FullPrecision:
     """Precision "no": every method is a no-op or a plain call."""
 

@@ -1,0 +1,49 @@
+"""Strategies: how models are wrapped, synchronised, clipped and saved across processes.
+
+An Accelerator owns one strategy, built from `strategy=` and the number of processes; no code
+outside `fittrain.distributed` asks which one runs (the project's rule: an object, not an `if`).
+Tensor parallelism and HSDP will be new strategies, not new branches.
+
+Holds:
+    base         `Strategy`: one process, no wrapper; every method the others override
+    ddp          `DDPStrategy`: DistributedDataParallel ("auto" or "ddp" on several processes)
+    fsdp         `FSDP2Strategy`: fully_shard ("fsdp"; unsharded, with a warning, on one process)
+    parameters   parameters that wrapping replaced; optimizer states keyed by index or name
+
+Example:
+    >>> strategy = make_strategy("fsdp", state, fsdp_classes=(Block,))
+    >>> model = strategy.wrap(model)
+    >>> with strategy.no_sync(model):
+    ...     loss.backward()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.strategies.base import Strategy
+from fittrain.distributed.strategies.ddp import DDPStrategy
+from fittrain.distributed.strategies.fsdp import FSDP2Strategy
+
+__all__ = ["DDPStrategy", "FSDP2Strategy", "Strategy", "make_strategy"]
+
+
+def make_strategy(name: str, state: ProcessState, fsdp_classes: tuple[type, ...] | None = None,
+                  ddp_kwargs: Any = None) -> Strategy:
+    """The strategy for a resolved name ("auto", "ddp" or "fsdp") on this run's processes.
+
+    "fsdp" is an `FSDP2Strategy` on one process too, so that what it refuses (LocalSGD) is refused
+    before the script runs on many.
+
+    Args:
+        name: A name `fittrain.distributed.parallel.resolve_strategy` returned.
+        state: This process's place in the run.
+        fsdp_classes: For "fsdp": the module classes to shard.
+        ddp_kwargs: For DDP: a `DistributedDataParallelKwargs`, or None.
+    """
+    if name == "fsdp":
+        return FSDP2Strategy(state, fsdp_classes)
+    if state.is_distributed:
+        return DDPStrategy(state, ddp_kwargs)
+    return Strategy(state)
