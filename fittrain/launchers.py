@@ -20,6 +20,10 @@ import os
 import socket
 from typing import Any, Callable, Iterator
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
 from fittrain.accelerator.launch_env import MIXED_PRECISION_ENV, USE_CPU_ENV
 from fittrain.common.checks import check_positive_int
 from fittrain.step.precision import check_precision
@@ -40,9 +44,6 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
         ValueError: when a process group exists already in this process (launch before building
             an Accelerator), or for a bad argument.
     """
-    import torch
-    import torch.distributed as dist
-
     mixed_precision = check_precision(mixed_precision)
     if num_processes is None:
         num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
@@ -56,6 +57,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
         raise ValueError("notebook_launcher() must run before any process group exists in this process: an "
                          "Accelerator was built here already. Restart the kernel, and build the Accelerator inside "
                          "the launched function only.")
+    # torch's elastic launcher: only a launch of several processes needs it, and it is slow to import.
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -70,8 +72,6 @@ def notebook_launcher(function: Callable[..., Any], args: tuple = (), num_proces
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> None:
     """Runs `function(*args)` on `num_processes` forked CPU processes (Accelerate's function), to
     check multi-process code on any machine. Returns when all finished; a failure is raised."""
-    import torch.multiprocessing as mp
-
     check_positive_int("num_processes", num_processes)
     port = _free_port()
     with _environment({USE_CPU_ENV: "true"}):

@@ -240,7 +240,8 @@ class Accelerator(ProcessMethods, CompatMethods):
             if isinstance(obj, torch.optim.Optimizer) and not pools.holds(obj):
                 # Also for models prepared by an earlier call: FSDP2 replaced their parameters.
                 self.distributed_strategy.rebind_optimizer(obj)
-                prepared[i] = pools.add(pools.optimizers, AcceleratedOptimizer(obj, self.gradient_state, self.precision))
+                optimizer = AcceleratedOptimizer(obj, self.gradient_state, self.precision)
+                prepared[i] = pools.add(pools.optimizers, optimizer)
             elif isinstance(obj, DataLoader):
                 prepared[i] = self.prepare_data_loader(obj)
         for i, obj in enumerate(objs):
@@ -366,7 +367,8 @@ class Accelerator(ProcessMethods, CompatMethods):
 
     # ----------------------------------------------------------------- checkpoints (`Checkpointing`)
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Adds objects whose `state_dict()` travels in every `save_state`: `Checkpointing.register_for_checkpointing`."""
+        """Adds objects whose `state_dict()` travels in every `save_state` (objects with `state_dict` and
+        `load_state_dict`). See `Checkpointing.register_for_checkpointing`."""
         self.checkpointing.register_for_checkpointing(*objects)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,

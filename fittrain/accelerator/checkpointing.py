@@ -134,7 +134,7 @@ class Checkpointing:
         if not self.state.is_main_process:
             return
         if safe_serialization:
-            from safetensors.torch import save_file
+            from safetensors.torch import save_file  # only for this format; torch.save is the default
 
             save_file(obj, os.fspath(f), metadata={"format": "pt"})
         else:
@@ -367,7 +367,8 @@ class Checkpointing:
             parts = self._state_parts(gather=False)
             parts = dataclasses.replace(parts, model_state_dicts=parts.model_state_dicts[:kept])
             # Every file is read and checked before anything changes: a refused checkpoint changes nothing.
-            loaded = read_state(reader, parts, self.state.process_index, self._share, lambda: self._sharded_states(kept))
+            loaded = read_state(reader, parts, self.state.process_index, self._share,
+                                lambda: self._sharded_states(kept))
             check_model_states(reader.path, loaded["models"],
                                [strategy.unwrap(m).state_dict() for m in prepared.models[:kept]])
             apply_state(

@@ -72,7 +72,8 @@ class CompatMethods:
 
     def prepare_scheduler(self, scheduler: Any) -> Any:
         """Prepares one LR scheduler, as `prepare(scheduler)` does."""
-        if not isinstance(scheduler, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        schedulers = torch.optim.lr_scheduler
+        if not isinstance(scheduler, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau)):
             raise TypeError(f"prepare_scheduler() takes a torch LR scheduler. Received: {type(scheduler).__name__}.")
         return self.prepare(scheduler)
 

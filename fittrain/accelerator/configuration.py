@@ -60,7 +60,8 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking", "use_stateful_dataloader"):
+        flags = ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking", "use_stateful_dataloader")
+        for name in flags:
             _check("DataLoaderConfiguration", name, getattr(self, name), bool)
         if self.dispatch_batches:
             raise ValueError("`DataLoaderConfiguration(dispatch_batches=True)` is not supported: every fittrain "
@@ -150,6 +151,7 @@ class DistributedDataParallelKwargs:
         """Registers the chosen communication hook on a DDP-wrapped `model` (nothing for "no")."""
         if self.comm_hook == DDPCommunicationHookType.NO:
             return
+        # Here, so that importing the configuration objects stays light (only a hook needs them).
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         hooks = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
@@ -257,6 +259,7 @@ class ProfileKwargs:
 
     def build(self) -> Any:
         """The `torch.profiler.profile` these arguments describe."""
+        # Here, so that importing the configuration objects stays light (only `profile()` needs them).
         import torch
         import torch.profiler as profiler
 

@@ -75,7 +75,8 @@ class PartialState(ProcessHelpers):
         self.state.shutdown()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+        return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, "
+                f"num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, local_process_index={self.local_process_index}, "
                 f"device={self.device})")
 

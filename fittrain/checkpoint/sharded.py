@@ -93,7 +93,7 @@ def _first_failure() -> Iterator[None]:
     `except Exception` misses it) whose message is a stack dump. Unwrapped, a full disk stays an
     OSError naming its file and a damaged shard a CheckpointError naming it, as with full checkpoints.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.api import CheckpointException  # DCP: only sharded checkpoints pay for it
 
     try:
         yield
@@ -119,6 +119,7 @@ def write_shards(folder: pathlib.Path, states: dict[str, Any], is_main_process: 
         writer: The checkpoint's `CheckpointWriter` (values.pt; the records of every rank's files).
         group: The process group DCP synchronises on (None: the default group).
     """
+    # torch.distributed.checkpoint (and dcp_io, built on it) is slow to import: only sharded checkpoints need it.
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -150,7 +151,7 @@ def read_index(reader: Any) -> tuple[Any, dict[str, Any]]:
     Returns:
         DCP's metadata, and the non-tensor values of every saved state, keyed by state name.
     """
-    from fittrain.checkpoint.dcp_io import metadata_from_json
+    from fittrain.checkpoint.dcp_io import metadata_from_json  # imports DCP: only sharded checkpoints pay for it
 
     data = reader.read_json(METADATA_PATH)
     try:
@@ -295,6 +296,7 @@ def read_tensors(reader: Any, tensors: dict[str, torch.Tensor], metadata: Any, c
         collective: Every process of the default group calls this together (needed for DTensors);
             otherwise this process reads on its own, whatever the others do.
     """
+    # torch.distributed.checkpoint (and dcp_io, built on it) is slow to import: only sharded checkpoints need it.
     import torch.distributed.checkpoint as dcp
 
     from fittrain.checkpoint.dcp_io import RawReader, TensorsOnlyLoadPlanner

@@ -5,11 +5,17 @@ Holds:
     gradient_state    gradient-accumulation bookkeeping (Accelerate's `GradientState`)
     collectives       gather, reduce, broadcast over nested structures of tensors
     process_methods   `ProcessHelpers`: the process methods `PartialState` and the Accelerator share
-    parallel          the strategies that wrap a model for DDP or FSDP2
-    sharded_state     sharded state dicts of prepared models and optimizers
+    strategies/       `Strategy` (one process), `DDPStrategy`, `FSDP2Strategy`: how models are wrapped,
+                      synchronised, clipped and saved (full or sharded state); `make_strategy`
+    parallel          strategy names ("auto", "ddp", "fsdp") and which one a run uses
+    wrappers          what a prepared model is wrapped in (DDP, FSDP2, torch.compile); `unwrap`
+    sharded_state     sharded state dicts (torch.distributed.checkpoint), for the strategies
     slurm, teardown, preemption, launch_guard
                       the job around the processes: SLURM's environment, a clean exit,
                       graceful preemption, dying with the launcher
+
+The strategies are the only place that asks whether a model runs under DDP or FSDP2; code
+above this package asks the Accelerator's strategy object instead.
 
 May import: `fittrain.common` only.
 """

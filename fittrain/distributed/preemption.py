@@ -193,6 +193,7 @@ def launcher_signals() -> tuple[signal.Signals, ...]:
     any worker still saving after its shutdown timeout (30 s). Forwarded, the workers save and exit
     75 in their own time, and the launcher exits with their 75.
     """
+    # torch's elastic launcher: only the launching process needs it, and it is slow to import.
     from torch.distributed.launcher.api import LaunchConfig
 
     takes_sigterm = "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)}
@@ -234,6 +235,7 @@ def forwarding_to_workers(signals: Iterable[signal.Signals] = (REQUEUE_SIGNAL,))
         nonlocal terminated
         workers = _child_pids()
         if signum == signal.SIGTERM and (terminated or not workers):
+            # torch's elastic launcher: only the launching process needs it, and it is slow to import.
             from torch.distributed.elastic.multiprocessing import SignalException
 
             # What torchrun's own handler raises: its agent then stops the workers.

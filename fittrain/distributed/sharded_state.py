@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from fittrain.distributed.strategies.parameters import inner_optimizer, set_hyperparameters
 from fittrain.distributed.wrappers import unwrap
@@ -72,7 +73,5 @@ def load_optimizer_state(optimizer: Any, models: Iterable[nn.Module], state: dic
 def full_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The whole CPU tensors of some of a state dict's DTensors, gathered one at a time (every rank
     calls it with the same keys: each gather is a collective)."""
-    from torch.distributed.tensor import DTensor
-
     return {key: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
             for key, value in tensors.items()}

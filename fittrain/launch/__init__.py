@@ -3,6 +3,10 @@
 Holds:
     cli      `fittrain launch | env | consolidate | ...`
     config   Accelerate's launch options and config files, turned into the workers' environment
+             (the variables' names: `fittrain.accelerator.launch_env`, which the Accelerator reads)
+
+`fittrain.launchers` (`notebook_launcher`, `debug_launcher`: processes started from Python) sits
+beside this package at the top of `fittrain`, where Accelerate has it.
 
 May import: everything below the Trainer (`accelerator`, `checkpoint`, `step`, `distributed`, `common`).
 """

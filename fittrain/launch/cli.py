@@ -17,10 +17,15 @@ import signal
 import sys
 from typing import Any, Sequence
 
+import torch
+import torch.distributed as dist
+
+from fittrain import __version__
 from fittrain.accelerator.launch_env import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from fittrain.checkpoint import consolidate
 from fittrain.distributed import launch_guard, slurm
 from fittrain.distributed.parallel import STRATEGIES, STRATEGY_ENV
+from fittrain.distributed.preemption import forwarding_to_workers, launcher_signals, torchrun_signal_args
 from fittrain.distributed.process_state import TIMEOUT_ENV
 from fittrain.launch import config as launch_config
 from fittrain.step.precision import PRECISIONS
@@ -60,8 +65,6 @@ _REPORTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 
 def _default_num_processes() -> int:
     """One process per visible GPU, as Accelerate's default on a GPU machine; one without GPUs."""
-    import torch
-
     return max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
 
 
@@ -131,10 +134,6 @@ def _add_env_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def version_line() -> str:
     """What `fittrain --version` prints: fittrain's version (its package metadata's) and torch's."""
-    import torch
-
-    from fittrain import __version__
-
     return f"fittrain {__version__} (torch {torch.__version__})"
 
 
@@ -273,6 +272,7 @@ def _first_failure(error: Any) -> Any:
 
 def exit_code(error: BaseException) -> int:
     """The shell exit code for a failed job: the first failing rank's, or 128+N for signal N."""
+    # torch's elastic launcher: only the launching process needs it, and it is slow to import.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -285,11 +285,10 @@ def exit_code(error: BaseException) -> int:
 
 
 def _run_launch(args: argparse.Namespace) -> int:
+    # torch's elastic launcher: only the launching process needs it, and it is slow to import.
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from fittrain.distributed.preemption import forwarding_to_workers, launcher_signals, torchrun_signal_args
 
     argv = torchrun_argv(args, args.parser)
     # Inherited by every worker torchrun starts; the guard makes the workers die with this process.
@@ -307,8 +306,6 @@ def _run_launch(args: argparse.Namespace) -> int:
 
 
 def _backends() -> str:
-    import torch.distributed as dist
-
     if not dist.is_available():
         return "none (torch built without torch.distributed)"
     checks = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available}
@@ -316,8 +313,6 @@ def _backends() -> str:
 
 
 def _devices() -> list[str]:
-    import torch
-
     lines = [f"CUDA available: {torch.cuda.is_available()}"]
     if torch.cuda.is_available():
         lines.append(f"CUDA version: {torch.version.cuda}")
@@ -329,10 +324,6 @@ def _devices() -> list[str]:
 
 def environment_report() -> str:
     """Versions, platform, devices and distributed backends, as a Markdown list for bug reports."""
-    import torch
-
-    from fittrain import __version__
-
     lines = [f"fittrain version: {__version__}", f"`fittrain` command: {shutil.which('fittrain') or 'not on PATH'}",
              f"torch version: {torch.__version__}", f"numpy version: {_version_of('numpy')}",
              f"Python version: {platform.python_version()} ({sys.executable})",

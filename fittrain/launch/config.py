@@ -100,7 +100,7 @@ def _parse_json(text: str, path: str) -> Any:
 
 def _parse_yaml(text: str, path: str) -> Any:
     try:
-        import yaml
+        import yaml  # an optional dependency: JSON config files and flags need none
     except ImportError as err:
         raise ImportError("`--config_file` with a YAML file needs PyYAML, which is not installed: run "
                           "`pip install pyyaml`, or pass the same options as flags or a .json file.") from err

@@ -71,7 +71,8 @@ def check_dynamo_backend(value: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, str):
         raise TypeError(f"`dynamo_backend` must be a backend name such as 'inductor', or None (no compile). Received: "
-                        f"dynamo_backend={short_repr(value)} ({type(value).__name__}). For torch.compile options such as "
+                        f"dynamo_backend={short_repr(value)} ({type(value).__name__}). For torch.compile options "
+                        "such as "
                         "mode or a backend function, use Trainer(compile={...}) or accelerator.compile_options.")
     name = str(getattr(value, "value", value)).lower()
     if name == "no":
@@ -94,7 +95,8 @@ def compile_settings(backend: Any, plugin: Any) -> dict[str, Any] | None:
         return check_dynamo_backend(backend)
     if backend is not None and str(getattr(backend, "value", backend)).lower() != "no":
         raise ValueError(f"Pass either `dynamo_backend` or `dynamo_plugin`, not both. Received: dynamo_backend="
-                         f"{short_repr(backend)} and dynamo_plugin={short_repr(plugin)}. Set the backend in the plugin.")
+                         f"{short_repr(backend)} and dynamo_plugin={short_repr(plugin)}. Set the backend in the "
+                         "plugin.")
     return check_compile(plugin.to_kwargs(), "dynamo_plugin")
 
 
@@ -116,7 +118,8 @@ def check_compile(value: Any, argument: str = "compile") -> dict[str, Any] | Non
         return {}
     if not isinstance(value, dict):
         raise TypeError(f"`{argument}` must be True, False or a dict of torch.compile options. Received: {argument}="
-                        f"{short_repr(value)} ({type(value).__name__}). Example: {argument}={{'mode': 'max-autotune'}}.")
+                        f"{short_repr(value)} ({type(value).__name__}). "
+                        f"Example: {argument}={{'mode': 'max-autotune'}}.")
     unknown = [key for key in value if key not in COMPILE_OPTIONS]
     if unknown:
         raise ValueError(f"`{argument}` holds a key torch.compile does not take: {unknown[0]!r}. Received: {argument}="
@@ -141,7 +144,8 @@ def _check_mode(value: dict[str, Any], argument: str) -> None:
     modes = list(list_mode_options())
     if mode not in modes:
         raise ValueError(f"`{argument}['mode']` is not a mode of torch.compile's inductor. Received: "
-                         f"{argument}['mode']={short_repr(mode)}. Valid modes: {', '.join(map(repr, modes))}. 'max-autotune' compiles "
+                         f"{argument}['mode']={short_repr(mode)}. Valid modes: {', '.join(map(repr, modes))}. "
+                         "'max-autotune' compiles "
                          "longest for the fastest code; leave the mode out for 'default'.")
 
 
@@ -228,7 +232,8 @@ def use_compile(accelerator: Any, options: dict[str, Any] | None) -> None:
         return
     own = accelerator.compile_options
     if own is not None and not same_options(own, options):
-        raise ValueError(f"`compile` and the accelerator's dynamo_backend disagree. Received: compile={short_repr(options)}, "
+        raise ValueError(f"`compile` and the accelerator's dynamo_backend disagree. Received: "
+                         f"compile={short_repr(options)}, "
                          f"while accelerator.compile_options={short_repr(own)}. Pass the options in one place: "
                          "Trainer(compile=...) with an Accelerator built without dynamo_backend, or the Accelerator's "
                          "dynamo_backend alone.")

@@ -220,7 +220,8 @@ def check_precision(value: Any, argument: str = "mixed_precision") -> str:
     return value
 
 
-def make_precision(mode: str | None, device: torch.device, scaler_arguments: dict[str, Any] | None = None) -> FullPrecision:
+def make_precision(mode: str | None, device: torch.device,
+                   scaler_arguments: dict[str, Any] | None = None) -> FullPrecision:
     """Builds the precision object for `mode` ("no", "fp16" or "bf16") on `device`; fp16's loss
     scaler takes `scaler_arguments` (`torch.amp.GradScaler`'s, from GradScalerKwargs)."""
     mode = check_precision(mode)
