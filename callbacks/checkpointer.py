@@ -13,31 +13,28 @@ from typing import TYPE_CHECKING, Any
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.arguments import check_async_save
 from fittrain.checkpoint.naming import PREFIX, ProjectConfiguration, delete_checkpoints, is_checkpoint_name
-from fittrain.trainer.events import Callback
+from fittrain.common.checks import check_choice, check_positive_int
+from fittrain.common.reprs import short_repr
+from fittrain.trainer.events import Callback, RunRequest
+from fittrain.trainer.monitor import Monitor
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
 
 
-def _check_count(name: str, value: Any, hint: str = "") -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`Checkpointer({name}=...)` must be a positive integer or None. Received: "
-                         f"{name}={value!r:.80}.{hint}")
-    return value
+def _check_count(name: str, value: Any, fix: str = "") -> int | None:
+    return check_positive_int(name, value, owner="Checkpointer", optional=True, fix=fix)
 
 
-def _check_monitoring(monitor: Any, mode: Any, save_top_k: Any, restore_best: Any, total_limit: Any) -> None:
-    """Checks the best-checkpoint arguments together, since most of them need `monitor`."""
-    if monitor is not None and not (isinstance(monitor, str) and monitor):
-        raise ValueError("`Checkpointer(monitor=...)` must be a metric name such as 'val_loss', or None. "
-                         f"Received: monitor={monitor!r:.80}.")
-    if not (isinstance(mode, str) and mode in ("min", "max")):
-        raise ValueError(f"`Checkpointer(mode=...)` must be 'min' or 'max'. Received: mode={mode!r:.80}.")
+def _check_monitoring(monitor: Any, mode: Any, save_top_k: Any, restore_best: Any,
+                      total_limit: Any) -> Monitor | None:
+    """Checks the best-checkpoint arguments together, since most of them need `monitor`; returns its Monitor."""
+    watched = None if monitor is None else Monitor(monitor, mode, owner="Checkpointer",
+                                                   wanted="a metric name such as 'val_loss', or None")
+    check_choice("mode", mode, ("min", "max"), owner="Checkpointer")
     if not isinstance(restore_best, bool):
         raise TypeError(f"`Checkpointer(restore_best=...)` must be True or False. Received: "
-                        f"restore_best={restore_best!r:.80} (type {type(restore_best).__name__}).")
+                        f"restore_best={short_repr(restore_best)} (type {type(restore_best).__name__}).")
     needing = [f"{name}={value!r}" for name, value in (("save_top_k", save_top_k), ("restore_best", restore_best))
                if value is not None and value is not False]
     if monitor is None and needing:
@@ -49,27 +46,24 @@ def _check_monitoring(monitor: Any, mode: Any, save_top_k: Any, restore_best: An
                          f"the oldest checkpoints, which may be the best ones. Received: total_limit={total_limit}, "
                          f"monitor={monitor!r}, save_top_k={save_top_k}. Pass save_top_k=... instead (it keeps the "
                          "best k checkpoints plus the newest) and leave total_limit=None.")
+    return watched
 
 
 class _Ranking:
     """The monitored checkpoints not yet deleted, in save order, with their scores.
 
-    The best has the lowest score ("min") or the highest ("max"); NaN and infinite scores rank
-    below every finite one, and a tie goes to the earlier save. The top k plus the newest are kept.
+    The best is first by the monitor's mode (`Monitor.rank_key`: NaN and infinite scores rank
+    below every finite one), and a tie goes to the earlier save. The top k plus the newest are kept.
     """
 
-    def __init__(self, mode: str, top_k: int | None) -> None:
-        self._sign = 1.0 if mode == "min" else -1.0  # "max" ranks the negated score
+    def __init__(self, monitor: Monitor | None, top_k: int | None) -> None:
+        self._monitor = monitor
         self._top_k = top_k
         self.entries: list[tuple[float, str]] = []
 
     def _ordered(self) -> list[int]:
-        def key(i: int) -> tuple[bool, float, int]:
-            score = self.entries[i][0]
-            finite = math.isfinite(score)
-            return (not finite, self._sign * score if finite else 0.0, i)
-
-        return sorted(range(len(self.entries)), key=key)
+        rank = self._monitor.rank_key
+        return sorted(range(len(self.entries)), key=lambda i: (*rank(self.entries[i][0]), i))
 
     def best(self) -> tuple[float, str]:
         """The best entry's (score, name); call only when there are entries."""
@@ -193,8 +187,8 @@ class Checkpointer(Callback):
         self.every_n_steps = _check_count("every_n_steps", every_n_steps)
         self.every_n_epochs = _check_count("every_n_epochs", every_n_epochs)
         self.total_limit = _check_count("total_limit", total_limit)
-        self.save_top_k = _check_count("save_top_k", save_top_k, " Pass None to keep every checkpoint.")
-        _check_monitoring(monitor, mode, save_top_k, restore_best, total_limit)
+        self.save_top_k = _check_count("save_top_k", save_top_k, "Pass None to keep every checkpoint.")
+        self._monitor = _check_monitoring(monitor, mode, save_top_k, restore_best, total_limit)
         self.monitor, self.mode, self.restore_best = monitor, mode, restore_best
         if every_n_steps is None and every_n_epochs is None:
             raise ValueError("`Checkpointer` needs a trigger: pass every_n_steps=... and/or every_n_epochs=... "
@@ -203,9 +197,13 @@ class Checkpointer(Callback):
         self.last_checkpoint: str | None = None
         self._seen_step = 0
         self._last_saved_step: int | None = None
-        self._ranking = _Ranking(mode, self.save_top_k)
+        self._ranking = _Ranking(self._monitor, self.save_top_k)
         self._config: ProjectConfiguration | None = None
         self._saving: float | None = None  # the score of the save in progress, for state_dict
+
+    def run_request(self) -> RunRequest:
+        """It saves checkpoints into the run's folder: the Trainer takes one such callback."""
+        return RunRequest(saves_checkpoints=True)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Switches the Accelerator to automatic checkpoint naming, which a user's Accelerator may lack,
@@ -217,7 +215,7 @@ class Checkpointer(Callback):
         if self.total_limit is not None:
             config.total_limit = self.total_limit
         self.last_checkpoint, self._seen_step, self._last_saved_step = None, 0, None
-        self._config, self._ranking = config, _Ranking(self.mode, self.save_top_k)
+        self._config, self._ranking = config, _Ranking(self._monitor, self.save_top_k)
         if self.monitor is not None:
             self._check_no_total_limit(config)
             trainer.best_checkpoint, trainer.best_score = None, None
@@ -278,16 +276,15 @@ class Checkpointer(Callback):
     def _read_score(self, trainer: "Trainer") -> float:
         """The monitored value now, the main process's on every process (train_loss differs per process)."""
         metrics = trainer.state.metrics
-        value, names = trainer.accelerator.broadcast((metrics.get(self.monitor), sorted(metrics)))
+        value, names = trainer.accelerator.broadcast((self._monitor.read(metrics), sorted(metrics)))
         if value is not None:
             return float(value)
         if self._ranking.entries:  # it was there before (a run that popped it): rank this save worst
             return math.nan
-        raise ValueError(
-            f"`Checkpointer(monitor=...)` names a metric that does not exist at the save after optimizer step "
-            f"{trainer.state.global_step}. Received: monitor={self.monitor!r}. Metrics that exist: {names}. Pass "
-            f"one of them, or return/log {self.monitor!r} from validation_step; and save after validations: "
-            "every_n_epochs=..., or every_n_steps=... a multiple of Trainer(val_every_n_steps=...).")
+        raise ValueError(self._monitor.missing(
+            names, "`Checkpointer(monitor=...)`", f" at the save after optimizer step {trainer.state.global_step}",
+            "; and save after validations: every_n_epochs=..., or every_n_steps=... a multiple of "
+            "Trainer(val_every_n_steps=...)"))
 
     def _publish(self, trainer: "Trainer") -> None:
         score, name = self._ranking.best()

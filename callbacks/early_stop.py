@@ -7,19 +7,12 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from fittrain.common.checks import check_bool, check_positive_int
 from fittrain.trainer.events import Callback
+from fittrain.trainer.monitor import Monitor
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
-
-
-def _require(valid: bool, name: str, value: Any, allowed: str) -> None:
-    if not valid:
-        raise ValueError(f"`EarlyStop({name}=...)` must be {allowed}. Received: {name}={value!r}.")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class EarlyStop(Callback):
@@ -49,24 +42,20 @@ class EarlyStop(Callback):
 
     def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0,
                  check_finite: bool = True) -> None:
-        _require(isinstance(monitor, str) and bool(monitor), "monitor", monitor, "a metric name")
-        _require(mode in ("min", "max"), "mode", mode, "'min' or 'max'")
-        _require(_is_int(patience) and patience >= 1, "patience", patience, "an integer of at least 1")
-        number = _is_int(min_delta) or isinstance(min_delta, float)
-        _require(number and min_delta >= 0, "min_delta", min_delta, "a number of at least 0")  # NaN fails too
-        _require(isinstance(check_finite, bool), "check_finite", check_finite, "True or False")
+        # The monitored metric, its mode and min_delta, and the best value so far (fittrain/trainer/monitor.py).
+        self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStop")
+        check_positive_int("patience", patience, owner="EarlyStop", wanted="an integer of at least 1")
+        check_bool("check_finite", check_finite, owner="EarlyStop")
         self.monitor, self.mode, self.patience = monitor, mode, patience
-        self.min_delta, self.check_finite = float(min_delta), check_finite
-        # "max" is handled as "min" of the negated value, so the comparison is written once.
-        self._sign = 1.0 if mode == "min" else -1.0
-        self.best: float | None = None
+        self.min_delta, self.check_finite = self._monitor.min_delta, check_finite
         self.wait = 0
         self.stopped_epoch: int | None = None
         self._checks = 0
 
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Forgets the previous fit; a resume then restores the checkpoint's state."""
-        self.best, self.wait, self.stopped_epoch, self._checks = None, 0, None, 0
+        self._monitor.reset()
+        self.wait, self.stopped_epoch, self._checks = 0, None, 0
 
     def on_validation_end(self, trainer: "Trainer") -> None:
         """Compares the monitored value with the best so far and stops training when patience ran out."""
@@ -77,8 +66,8 @@ class EarlyStop(Callback):
                           "Lower the learning rate or check the data, or pass check_finite=False.",
                           stacklevel=2)
             self._stop(trainer)
-        elif self._improves(value):
-            self.best, self.wait = value, 0
+        elif self._monitor.update(value):
+            self.wait = 0
         else:
             self.wait += 1
             if self.wait >= self.patience:
@@ -93,18 +82,21 @@ class EarlyStop(Callback):
                           "Pass a val_loader to fit() (and check val_every_n_epochs or val_every_n_steps).",
                           stacklevel=2)
 
+    @property
+    def best(self) -> float | None:
+        """The best monitored value so far in this fit (None before the first validation)."""
+        return self._monitor.best
+
+    @best.setter
+    def best(self, value: float | None) -> None:
+        self._monitor.best = value
+
     def _read(self, trainer: "Trainer") -> float:
         metrics = trainer.state.metrics
-        if self.monitor not in metrics:
-            raise ValueError(f"`EarlyStop(monitor=...)` names a metric that does not exist. Received: "
-                             f"monitor={self.monitor!r}. Metrics that exist: {sorted(metrics)}. Pass one of them, "
-                             f"or return/log {self.monitor!r} from validation_step.")
-        return float(metrics[self.monitor])
-
-    def _improves(self, value: float) -> bool:
-        if self.best is None:
-            return not math.isnan(value)
-        return self._sign * value < self._sign * self.best - self.min_delta
+        value = self._monitor.read(metrics)
+        if value is None:
+            raise ValueError(self._monitor.missing(metrics, "`EarlyStop(monitor=...)`"))
+        return value
 
     def _stop(self, trainer: "Trainer") -> None:
         self.stopped_epoch = trainer.state.epoch

@@ -1,5 +1,6 @@
 """Logger: metrics, learning rates and hyperparameters to experiment trackers (TensorBoard by
-default), one folder per run, and tqdm progress bars; written by the main process only."""
+default), one folder per run; written by the main process only. It owns a ProgressBar
+(callbacks/progress.py) and shows the values it logs on it."""
 
 from __future__ import annotations
 
@@ -7,34 +8,18 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
-
+from fittrain.common.checks import check_bool, check_positive_int
 from fittrain.common.reprs import short_repr
-from fittrain.trainer.events import Callback
 from fittrain.trackers.base import NoOpTracker, RunInfo
 from fittrain.trackers.registry import check_kwargs, open_trackers, resolve_trackers
-from fittrain.trackers.runs import check_run_name, trainer_hparams
-from fittrain.trackers.tensorboard import TensorBoardTracker
-from fittrain.trainer.parts import length_of
+from fittrain.trackers.runs import check_run_name
+from fittrain.trainer.events import Callback, RunRequest
+from fittrain.trainer.runs import run_hparams
+
+from .progress import ProgressBar
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
-
-
-def _check_flag(name: str, value: Any, optional: bool = False) -> bool | None:
-    if not isinstance(value, bool) and not (optional and value is None):
-        allowed = "True, False or None" if optional else "True or False"
-        raise ValueError(f"`Logger({name}=...)` must be {allowed}. Received: {name}={value!r}.")
-    return value
-
-
-def _with_tensorboard(specs: list[Any], tensorboard: bool | None) -> list[Any]:
-    """`tensorboard=False` removes TensorBoard from the trackers, True adds it, None leaves them."""
-    if tensorboard is False:
-        return [spec for spec in specs if spec is not TensorBoardTracker]
-    if tensorboard and TensorBoardTracker not in specs:
-        return [TensorBoardTracker, *specs]
-    return specs
 
 
 class Logger(Callback):
@@ -68,9 +53,8 @@ class Logger(Callback):
         log_dir: The folder holding the run folders. Default: the Accelerator's `logging_dir`,
             which is `{project_dir}/logs`.
         every_n_steps: Optimizer steps between logging points.
-        tensorboard: Shortcut kept from earlier versions: False removes TensorBoard from
-            `log_with`, True adds it, None (the default) leaves `log_with` as given.
-        progress_bar: Show tqdm bars (loss, lr, it/s; a transient one during validation).
+        progress_bar: Show tqdm bars (loss, lr, it/s; a transient one during validation): the
+            Logger owns a `ProgressBar` and shows what it logs on it.
         log_with: The trackers: "all", a name, a `LoggerType`, a tracker instance, or a list.
         run_name: This run's name (letters, digits, '.', '_', '-'), as `Trainer(run_name=...)`: it
             names the run's log folder and its checkpoint folder. Default: the resumed run's, else
@@ -93,12 +77,10 @@ class Logger(Callback):
     """
 
     def __init__(self, log_dir: str | os.PathLike | None = None, every_n_steps: int = 10,
-                 tensorboard: bool | None = None, progress_bar: bool = True, log_with: Any = "tensorboard",
-                 run_name: str | None = None, hparams: dict[str, Any] | None = None, project_name: str | None = None,
+                 progress_bar: bool = True, log_with: Any = "tensorboard", run_name: str | None = None,
+                 hparams: dict[str, Any] | None = None, project_name: str | None = None,
                  init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"`Logger(every_n_steps=...)` must be a positive integer. "
-                             f"Received: every_n_steps={every_n_steps!r}.")
+        check_positive_int("every_n_steps", every_n_steps, owner="Logger")
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise ValueError(f"`Logger(log_dir=...)` must be a folder path or None. Received: log_dir={log_dir!r}.")
         if hparams is not None and not isinstance(hparams, dict):
@@ -109,41 +91,42 @@ class Logger(Callback):
                             f"{short_repr(project_name)}.")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.every_n_steps = every_n_steps
-        self.tensorboard = _check_flag("tensorboard", tensorboard, optional=True)
-        self.progress_bar = _check_flag("progress_bar", progress_bar)
-        self.log_with = _with_tensorboard(resolve_trackers(log_with, "Logger(log_with=...)"), self.tensorboard)
+        self.progress_bar = check_bool("progress_bar", progress_bar, owner="Logger")
+        self.log_with = resolve_trackers(log_with, "Logger(log_with=...)")
         self.run_name = check_run_name(run_name)
         self.hparams = hparams
         self.project_name = project_name
         self.init_kwargs = check_kwargs(init_kwargs, self.log_with, "Logger(init_kwargs=...)")
         # Until on_fit_start decides otherwise, the logger is silent: disabled bars, no trackers.
         self._active = False
-        self._show_bar = False
+        self._progress = ProgressBar(progress_bar)
         self.trackers: list[Any] = []  # this run's trackers (NoOpTrackers on other processes)
         self._writers: list[Any] = []  # their log_scalars, called at every logging point
         self._run: RunInfo | None = None
         self._trainer: Any = None
-        self._bar = tqdm(disable=True)
-        self._val_bar = tqdm(disable=True)
-        self._postfix: dict[str, str] = {}
         self._before_validation: dict[str, Any] = {}
         self._written: dict[str, Any] = {}  # metric values written already (by identity): not repeated
         self._at_step: tuple[int, dict[str, float]] = (-1, {})  # the last step written, and its points
         self._replay: tuple[int, dict[str, float]] | None = None  # a resumed run's step and its saved points
+        self._restored_points: tuple[int, dict[str, float]] = (-1, {})  # from the checkpoint a resume loaded
         self._last_step = 0
         self._mark = (0.0, 0)  # (perf_counter time, global_step) at the last logging point
         self._batches = 0  # batches since that point
 
     # ----------------------------------------------------------------- lifecycle
+    def run_request(self) -> RunRequest:
+        """The run's name given here (`run_name`), and `log_dir`, where a new run's name must be free."""
+        return RunRequest(name=self.run_name, log_dir=self.log_dir)
+
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Decides what this process shows and writes; the run starts with the first epoch, once a
         resumed checkpoint has told which run this is."""
         is_main = trainer.accelerator.is_main_process
         self._active = is_main and (bool(self.log_with) or self.progress_bar)
-        self._show_bar = is_main and self.progress_bar
+        self._progress.on_fit_start(trainer)
         self._trainer = trainer  # for state_dict, which a checkpoint calls without it
         self._run, self._restored_points = None, (-1, {})
-        self._postfix, self._written, self._replay = {}, {}, None
+        self._written, self._replay = {}, None
 
     def state_dict(self) -> dict[str, Any]:
         """The points written at the checkpoint's step, and the run's name (for the record: a resumed
@@ -168,19 +151,13 @@ class Logger(Callback):
         """Starts the run at the first epoch; starts this epoch's progress bar and the throughput clock."""
         if self._run is None:
             self._start_run(trainer)
-        self._bar.close()
-        loader = trainer.train_loader
-        # A resumed epoch continues after the batches its checkpoint had consumed.
-        done = getattr(getattr(loader, "position", None), "batches_consumed", 0)
-        # A stream has no length: the bar then counts batches without a total.
-        self._bar = tqdm(total=length_of(loader), initial=done, desc=f"Epoch {trainer.state.epoch}", mininterval=0.1,
-                         dynamic_ncols=True, disable=not self._show_bar)
+        self._progress.on_train_epoch_start(trainer)
         self._last_step = trainer.state.global_step
         self._restart_clock(trainer.state.global_step)
 
     def on_train_batch_end(self, trainer: "Trainer") -> None:
         """Advances the bar; at every `every_n_steps`-th optimizer step, logs the training metrics."""
-        self._bar.update()
+        self._progress.on_train_batch_end(trainer)
         self._batches += 1
         step = trainer.state.global_step
         # Accumulating batches repeat a step; it is logged once.
@@ -193,9 +170,7 @@ class Logger(Callback):
         starts the validation bar."""
         if not self._active:
             return
-        loader = trainer.val_loader
-        self._val_bar = tqdm(total=length_of(loader) if loader is not None else None, desc="Validation",
-                             leave=False, mininterval=0.1, dynamic_ncols=True, disable=not self._show_bar)
+        self._progress.on_validation_start(trainer)
         if trainer.state.global_step != self._last_step:
             self._log_training(trainer, trainer.state.global_step)
         trainer.state.raw_metrics.as_floats()  # converts pending tensors in place, so identities stay stable
@@ -203,11 +178,11 @@ class Logger(Callback):
 
     def on_validation_batch_end(self, trainer: "Trainer") -> None:
         """Advances the validation bar."""
-        self._val_bar.update()
+        self._progress.on_validation_batch_end(trainer)
 
     def on_validation_end(self, trainer: "Trainer") -> None:
         """Writes the metrics this validation produced and shows them on the bar."""
-        self._val_bar.close()
+        self._progress.on_validation_end(trainer)
         if not self._active:
             return
         # Validation stores new float objects; anything else in the metrics is the same object as before.
@@ -216,12 +191,11 @@ class Logger(Callback):
         self._written.update(fresh)
         scalars = {name: float(value) for name, value in fresh.items()}
         self._write(scalars, trainer.state.global_step, flush=True)  # a live TensorBoard then sees each validation
-        self._postfix.update({name: f"{value:.4g}" for name, value in scalars.items()})
-        self._bar.set_postfix(self._postfix)
+        self._progress.show({name: f"{value:.4g}" for name, value in scalars.items()})
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
         """Closes this epoch's bar."""
-        self._bar.close()
+        self._progress.on_train_epoch_end(trainer)
 
     def on_fit_end(self, trainer: "Trainer") -> None:
         """Logs the last training metrics, then closes the bar and the writer."""
@@ -255,7 +229,7 @@ class Logger(Callback):
         live = [tracker for tracker in self.trackers if not isinstance(tracker, NoOpTracker)]
         self._writers = [getattr(tracker, "log_scalars", None) or tracker.log for tracker in live]
         if live and not resumed:
-            hparams = trainer_hparams(trainer, self.hparams)
+            hparams = run_hparams(trainer, self.hparams)
             for tracker in live:
                 tracker.store_init_configuration(hparams)
         # What a resumed run restored was written by the interrupted run: not again.
@@ -285,12 +259,11 @@ class Logger(Callback):
         scalars.update(self._learning_rates(trainer))
         scalars.update(self._throughput(trainer, step, now))
         self._write(scalars, step)
-        if "train_loss" in scalars:
-            self._postfix["loss"] = f"{scalars['train_loss']:.4g}"
+        shown = {"loss": f"{scalars['train_loss']:.4g}"} if "train_loss" in scalars else {}
         lr = scalars.get("lr", scalars.get("lr/opt_0"))
         if lr is not None:
-            self._postfix["lr"] = f"{lr:.3g}"
-        self._bar.set_postfix(self._postfix, refresh=False)
+            shown["lr"] = f"{lr:.3g}"
+        self._progress.show(shown, refresh=False)
         self._last_step = step
 
     @staticmethod
@@ -349,8 +322,7 @@ class Logger(Callback):
             self._write(points, step)
 
     def _close(self) -> None:
-        self._bar.close()
-        self._val_bar.close()
+        self._progress.close()
         self._active, self._trainer = False, None
         trackers, self.trackers, self._writers = self.trackers, [], []
         for tracker in trackers:

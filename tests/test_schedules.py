@@ -28,8 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import checks
-from fittrain.trainer.schedules import (EpochSchedule, MetricSchedule, Schedule, SchedulerConfig, StepSchedule,
-                                make_schedule, parse_optimizers)
+from fittrain.trainer.configure import SchedulerConfig, parse_optimizers
+from fittrain.trainer.schedules import EpochSchedule, MetricSchedule, Schedule, StepSchedule, make_schedule
 
 LR = 0.1
 Plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -131,7 +131,7 @@ def lr_of(schedule: Schedule) -> float:
 
 def test_no_scheduler_gives_a_schedule_that_does_nothing():
     schedule, accelerator = prepared_schedule(lambda o: o)
-    assert type(schedule) is Schedule and schedule.scheduler is None and accelerator._schedulers == []
+    assert type(schedule) is Schedule and schedule.scheduler is None and accelerator.prepared.schedulers == []
     schedule.after_optimizer_step(1)
     schedule.after_validation({}, epoch=0)
     schedule.after_epoch(0)
@@ -142,7 +142,7 @@ def test_no_scheduler_gives_a_schedule_that_does_nothing():
 def test_interval_step_steps_every_frequency_optimizer_steps():
     schedule, accelerator = prepared_schedule(
         lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": step_lr(o), "frequency": 2}})
-    assert type(schedule) is StepSchedule and accelerator._schedulers == [schedule.scheduler]
+    assert type(schedule) is StepSchedule and accelerator.prepared.schedulers == [schedule.scheduler]
     assert schedule.scheduler.steps_per_call == 1  # optimizer steps, not per-process batches
     lrs = []
     for step in range(1, 7):
@@ -249,7 +249,7 @@ def test_a_plateau_that_no_validation_would_step_is_refused(interval, validates,
         make_schedule(config, accelerator, validates, every_n_epochs, every_n_steps)
     for fragment in ("ReduceLROnPlateau", "monitor='val_loss'", *fragments):
         assert fragment in str(info.value), str(info.value)
-    assert accelerator._schedulers == []  # refused before anything was prepared
+    assert accelerator.prepared.schedulers == []  # refused before anything was prepared
 
 
 def test_a_plateau_state_travels_in_checkpoints(tmp_path):
@@ -320,7 +320,7 @@ def test_fit_steps_interval_epoch_every_frequency_epochs(tmp_path):
     trainer, history = fit_history(tmp_path, lambda o: {"optimizer": o, "lr_scheduler": {
         "scheduler": step_lr(o), "interval": "epoch", "frequency": 2}}, max_epochs=5)
     assert history.lrs("epoch") == [LR, LR / 2, LR / 2, LR / 4, LR / 4]
-    assert trainer.scheduler is trainer.accelerator._schedulers[0]
+    assert trainer.scheduler is trainer.accelerator.prepared.schedulers[0]
 
 
 def test_fit_steps_a_plateau_only_after_validations_never_on_an_old_value(tmp_path):

@@ -1,17 +1,17 @@
-"""Runs: run names (a Trainer's run names its log folder and its checkpoint folder alike), and the
-hyperparameters a Trainer run is given."""
+"""Run names: checking a given one, and choosing a new one free in the run's folders.
+
+A run's name names its log folder and its checkpoint folder alike. This module takes plain values
+and knows no Trainer (what a Trainer's run records is `fittrain.trainer.runs`).
+"""
 
 from __future__ import annotations
 
 import datetime
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fittrain.common.reprs import short_repr
-
-if TYPE_CHECKING:
-    from fittrain.trainer.trainer import Trainer
 
 #: Characters a run name may use: it names a folder, a wandb run id and an mlflow run alike.
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -44,22 +44,3 @@ def new_run_name(*folders: str | os.PathLike, now: datetime.datetime | None = No
         name = f"{stamp}_{suffix}"
     return name
 
-
-def trainer_hparams(trainer: "Trainer", extra: dict[str, Any] | None) -> dict[str, Any]:
-    """What a run was given: the Trainer's arguments, the module's `hparams` dict (if it has one),
-    then the Logger's `hparams`, later ones winning on equal names."""
-    acc = trainer.accelerator
-    values: dict[str, Any] = {
-        "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
-        "gradient_accumulation_steps": acc.gradient_accumulation_steps,
-        "val_every_n_epochs": trainer.val_every_n_epochs, "val_every_n_steps": trainer.val_every_n_steps,
-        "strategy": acc.strategy, "precision": acc.mixed_precision, "num_processes": acc.num_processes,
-        "callbacks": ", ".join(short_repr(cb, 200) for cb in trainer.callbacks),
-    }
-    optimizers = getattr(trainer, "optimizers", None) or [trainer.optimizer]
-    values["optimizer"] = ", ".join(type(getattr(o, "optimizer", o)).__name__ for o in optimizers if o is not None)
-    module_hparams = getattr(trainer.module, "hparams", None)
-    if isinstance(module_hparams, dict):
-        values.update(module_hparams)
-    values.update(extra or {})
-    return values

@@ -1,9 +1,10 @@
 """The Trainer's evaluation loops: averaged metrics (validation, test) and gathered outputs (predict).
 
-`Trainer.validate`, `Trainer.test`, `Trainer.predict` and the validations inside `fit` run here;
-trainer.py keeps the public methods. Every loop runs the module in eval mode, under
+`Trainer.validate`, `Trainer.test`, `Trainer.predict` and the validations inside `fit` run their
+batches in an `Evaluation` the Trainer owns; trainer.py keeps the public methods, which fire each
+loop's start and end events and record the results. Every loop runs the module in eval mode, under
 `torch.no_grad()` and the Accelerator's autocast, through the prepared model, so DDP and FSDP2
-see a forward. A module that was not fitted is attached and prepared first (`use_module`).
+see a forward. A module that was not fitted is attached and prepared first (`Trainer._use_module`).
 
 - Metrics: each process sums its own samples' values (weighted by batch size) and one collective
   at the end combines the processes (`ValidationAverager`). The loader is prepared with
@@ -22,19 +23,22 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader
 
-from fittrain.distributed import parallel
-from fittrain.data import check_batches, send_to_device
+from fittrain.common.nested import is_tensor_tree, iter_tensors
 from fittrain.common.reprs import short_repr
+from fittrain.data import check_batches, send_to_device
+from fittrain.distributed import parallel
+from fittrain.trainer.events import Event
 from fittrain.trainer.module import TrainModule
-from fittrain.trainer.parts import ValidationAverager, check_loader, make_step_runner
+from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader
 
 if TYPE_CHECKING:
-    from fittrain.trainer.trainer import Trainer
+    from fittrain.accelerator.accelerator import Accelerator
 
 _CPU = torch.device("cpu")
 _PREDICT_FORMS = ("a tensor, or a dict, tuple or list of tensors, whose first dimension is the batch's samples; "
@@ -58,67 +62,81 @@ def check_inputs(method: str, module: Any, loader: Any) -> None:
         raise TypeError(f"Trainer.{method}(): {err}") from None
 
 
-def use_module(trainer: "Trainer", module: TrainModule) -> None:
-    """Attaches and prepares `module`, unless it is the module the Trainer already runs (after fit)."""
-    if trainer.module is module:
-        return
-    trainer.module = module
-    module.attach(trainer)
-    acc = trainer.accelerator
-    trainer.model = acc.prepare(module)
-    # Each step is autocast whole, as in fit, so the per-forward fp32 wrapper is redundant; outputs
-    # then have the same dtype whether or not the module was fitted first.
-    acc.unwrap_model(trainer.model, keep_fp32_wrapper=False)
-    trainer._run_step = make_step_runner(trainer.model, module)
+class Evaluation:
+    """The evaluation loops of one Trainer: averaged metrics (validation, test) and gathered outputs
+    (predict). It returns what it computed; the Trainer records it and fires the loop's start and end.
+
+    Args:
+        accelerator: Prepares the loaders, autocasts, reduces and gathers.
+        fire: Fires an event with the Trainer (`Event.VALIDATION_BATCH_END` and the like).
+
+    Attributes:
+        averager: Where `self.log` values go while a loop runs (`Trainer.record`), else None.
+    """
+
+    def __init__(self, accelerator: "Accelerator", fire: Callable[[Event], None]) -> None:
+        self.accelerator = accelerator
+        self.averager: ValidationAverager | None = None
+        self._fire = fire
+        # One prepared loader per (loader, padding rule), so repeated calls don't pile up data positions.
+        self._loaders: dict[tuple[int, bool], Any] = {}
+
+    def prepare_loader(self, loader: Any, even_batches: bool = False) -> Any:
+        """The prepared evaluation loader, built once per loader and padding rule."""
+        key = (id(loader), even_batches)
+        cached = self._loaders.get(key)
+        if cached is None or cached.base_loader is not loader:
+            cached = self.accelerator.prepare_data_loader(loader, even_batches=even_batches)
+            self._loaders[key] = cached
+        return cached
+
+    @contextlib.contextmanager
+    def _evaluating(self, module: nn.Module) -> Iterator[None]:
+        """Eval mode and no_grad; the module's mode and `averager` restored on exit, also on error."""
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.averager = None
+            module.train(was_training)
+
+    def average(self, runner: StepRunner, loader: Any, method: str, batch_end: Event) -> dict[str, float]:
+        """Runs `module.<method>(batch)` on every batch and returns its metrics averaged over every
+        sample of every process, firing `batch_end` after each batch. All processes must call it."""
+        acc = self.accelerator
+        averager = ValidationAverager(acc.device)
+        batches = _in_lockstep(loader, acc) if _forward_is_collective(acc, runner) else ((b, True) for b in loader)
+        with self._evaluating(runner.module):
+            for batch, counted in batches:
+                # A repeated batch only keeps this process in step with the others: it is not counted.
+                target = self.averager = averager if counted else ValidationAverager(acc.device)
+                target.start_batch(batch)
+                with acc.autocast():
+                    target.add_output(runner(method, batch), method)
+                if counted:
+                    self._fire(batch_end)
+        return averager.result(acc)
+
+    def predict(self, runner: StepRunner, loader: Any) -> Any:
+        """Runs `predict_step` on every batch of `loader` (prepared with even_batches=True) and returns
+        every sample's output once, in the loader's order, on the CPU, on every process."""
+        acc, rounds = self.accelerator, []
+        with self._evaluating(runner.module):
+            for batch in loader:
+                with acc.autocast():
+                    output = runner("predict_step", batch)
+                _check_prediction(output)
+                # Gathered per round while the loader still says which samples of it were padding.
+                rounds.append(send_to_device(acc.gather_for_metrics(output), _CPU))
+                self._fire(Event.PREDICT_BATCH_END)
+        return concat_rounds(rounds)
 
 
-def prepare_loader(trainer: "Trainer", loader: Any, even_batches: bool = False) -> Any:
-    """The prepared evaluation loader, built once per loader (and padding rule), so repeated
-    calls don't pile up data positions in checkpoints."""
-    key = (id(loader), even_batches)
-    cached = trainer._eval_loaders.get(key)
-    if cached is None or cached.base_loader is not loader:
-        cached = trainer.accelerator.prepare_data_loader(loader, even_batches=even_batches)
-        trainer._eval_loaders[key] = cached
-    return cached
-
-
-@contextlib.contextmanager
-def _evaluating(trainer: "Trainer", averager: ValidationAverager | None = None) -> Iterator[None]:
-    """Eval mode and no_grad, with `averager` collecting `self.log`; all restored on exit, also on error."""
-    module, was_training = trainer.module, trainer.module.training
-    trainer._averager = averager
-    module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        trainer._averager = None
-        module.train(was_training)
-
-
-def average_steps(trainer: "Trainer", loader: Any, method: str, batch_end: str) -> dict[str, float]:
-    """Runs `module.<method>(batch)` on every batch and returns its metrics averaged over every
-    sample of every process, firing `batch_end` after each batch. All processes must call it."""
-    acc = trainer.accelerator
-    averager = ValidationAverager(acc.device)
-    batches = _in_lockstep(loader, acc) if _forward_is_collective(trainer) else ((b, True) for b in loader)
-    with _evaluating(trainer, averager):
-        for batch, counted in batches:
-            # A repeated batch only keeps this process in step with the others: it is not counted.
-            target = averager if counted else ValidationAverager(acc.device)
-            trainer._averager = target
-            target.start_batch(batch)
-            with acc.autocast():
-                target.add_output(trainer._run_step(method, batch), method)
-            if counted:
-                trainer.events.fire(batch_end, trainer)
-    return averager.result(acc)
-
-
-def _forward_is_collective(trainer: "Trainer") -> bool:
+def _forward_is_collective(acc: "Accelerator", runner: StepRunner) -> bool:
     # Under FSDP2 every forward gathers the parameters from all processes.
-    return trainer.accelerator.num_processes > 1 and parallel.is_fsdp(parallel.unwrap(trainer.model))
+    return acc.num_processes > 1 and parallel.is_fsdp(parallel.unwrap(runner.model))
 
 
 def _in_lockstep(loader: Any, acc: Any) -> Iterator[tuple[Any, bool]]:
@@ -143,53 +161,15 @@ def _in_lockstep(loader: Any, acc: Any) -> Iterator[tuple[Any, bool]]:
         yield (batch, True) if batch is not None else (last, False)
 
 
-def run_validation(trainer: "Trainer", loader: Any) -> dict[str, float]:
-    """Validates on a prepared loader: the loop of `Trainer.validate` and of validation during fit."""
-    trainer.events.fire("on_validation_start", trainer)
-    results = average_steps(trainer, loader, "validation_step", "on_validation_batch_end")
-    trainer.state.raw_metrics.update(results)
-    trainer.events.fire("on_validation_end", trainer)
-    return results
-
-
-def run_test(trainer: "Trainer", module: Any, loader: Any) -> dict[str, float]:
-    """`Trainer.test`: the averaged `test_*` metrics, also recorded in `trainer.state.metrics`.
+def check_predictable(module: TrainModule) -> None:
+    """Refuses a module that `Trainer.predict` cannot run: neither predict_step nor forward.
 
     Raises:
-        TypeError: for a module with neither test_step nor validation_step, or a bad loader.
-        ValueError: when two metric names become one `test_*` name.
+        TypeError: naming what to implement.
     """
-    check_inputs("test", module, loader)
-    method = pick_test_method(module)
-    use_module(trainer, module)
-    loader = prepare_loader(trainer, loader)
-    trainer.events.fire("on_test_start", trainer)
-    results = as_test_metrics(average_steps(trainer, loader, method, "on_test_batch_end"))
-    trainer.state.raw_metrics.update(results)
-    trainer.events.fire("on_test_end", trainer)
-    return results
-
-
-def run_predict(trainer: "Trainer", module: Any, loader: Any, all_processes: bool = False) -> Any:
-    """`Trainer.predict`: every sample's output once, in the loader's order, on the main process
-    (and on every process with `all_processes`; the others get None).
-
-    Raises:
-        TypeError: for a module with neither predict_step nor forward, a bad loader, or an
-            output that is not one of the forms `predict_step` may return.
-        ValueError: for a 0-d tensor among the outputs.
-    """
-    check_inputs("predict", module, loader)
     if not module.can_predict():
         raise TypeError(f"Trainer.predict() runs predict_step(self, batch), by default self(batch), and "
                         f"{type(module).__name__} implements neither predict_step nor forward. Implement one.")
-    use_module(trainer, module)
-    loader = prepare_loader(trainer, loader, even_batches=True)
-    trainer.events.fire("on_predict_start", trainer)
-    outputs = predict_outputs(trainer, loader)
-    trainer.events.fire("on_predict_end", trainer)
-    # Every process gathered the whole result (all_gather); only the main one keeps it by default.
-    return outputs if (all_processes or trainer.accelerator.is_main_process) else None
 
 
 def pick_test_method(module: TrainModule) -> str:
@@ -234,18 +214,10 @@ def as_test_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return renamed
 
 
-def _is_tensor_tree(obj: Any) -> bool:
-    """A tensor, or a non-empty dict, list or tuple whose leaves are all tensors."""
-    if isinstance(obj, torch.Tensor):
-        return True
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else None
-    return bool(items) and all(_is_tensor_tree(v) for v in items)
-
-
 def _check_prediction(output: Any) -> None:
     """Refuses outputs whose samples cannot be told apart (so padding could not be dropped)."""
-    if _is_tensor_tree(output):
-        for leaf in _leaves(output):
+    if is_tensor_tree(output):
+        for leaf in iter_tensors(output):
             if leaf.ndim == 0:
                 raise ValueError(f"predict_step returned a 0-d tensor ({short_repr(leaf)}), which has no sample "
                                  f"dimension. Return {_PREDICT_FORMS}, e.g. one value per sample of shape (batch,).")
@@ -255,14 +227,6 @@ def _check_prediction(output: Any) -> None:
                         f"({type(output).__name__}).")
 
 
-def _leaves(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-        return
-    for value in obj.values() if isinstance(obj, dict) else obj:
-        yield from _leaves(value)
-
-
 def concat_rounds(rounds: list[Any]) -> Any:
     """Joins the gathered rounds: tensors along dim 0, leaf by leaf; lists of items into one list."""
     if not rounds:
@@ -270,24 +234,9 @@ def concat_rounds(rounds: list[Any]) -> Any:
     first = rounds[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(rounds)
-    if _is_tensor_tree(first) and isinstance(first, dict):
+    if is_tensor_tree(first) and isinstance(first, dict):
         return type(first)((key, concat_rounds([r[key] for r in rounds])) for key in first)
-    if _is_tensor_tree(first):
+    if is_tensor_tree(first):
         parts = [concat_rounds(list(leaf)) for leaf in zip(*rounds)]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
     return [item for r in rounds for item in r]
-
-
-def predict_outputs(trainer: "Trainer", loader: Any) -> Any:
-    """Runs `predict_step` on every batch of `loader` (prepared with even_batches=True) and returns
-    every sample's output once, in the loader's order, on the CPU, on every process."""
-    acc, rounds = trainer.accelerator, []
-    with _evaluating(trainer):
-        for batch in loader:
-            with acc.autocast():
-                output = trainer._run_step("predict_step", batch)
-            _check_prediction(output)
-            # Gathered per round while the loader still says which samples of it were padding.
-            rounds.append(send_to_device(acc.gather_for_metrics(output), _CPU))
-            trainer.events.fire("on_predict_batch_end", trainer)
-    return concat_rounds(rounds)

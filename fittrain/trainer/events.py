@@ -46,8 +46,11 @@ val_every_n_steps there is no validation at epoch ends.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from fittrain.common.reprs import short_repr
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -78,6 +81,27 @@ class Event(str, enum.Enum):
 
 
 EVENT_NAMES = tuple(e.value for e in Event)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What a callback asks of the fit's run; the Trainer reads it through `Callback.run_request`.
+
+    The Trainer layer knows no callback class: a Logger and a Checkpointer say what they need here.
+
+    Attributes:
+        name: A run name the callback was given (a Logger's `run_name`), or None.
+        log_dir: A folder where the callback writes the run's logs: a new run's name must be free there.
+        saves_checkpoints: The callback saves checkpoints into the run's folder; a Trainer takes one such
+            callback, as two would number the same folders.
+    """
+
+    name: str | None = None
+    log_dir: str | None = None
+    saves_checkpoints: bool = False
+
+
+_NO_REQUEST = RunRequest()
 
 
 class Callback:
@@ -152,6 +176,10 @@ class Callback:
     def on_predict_end(self, trainer: "Trainer") -> None:
         """In `Trainer.predict`, after the loop, before the outputs are returned."""
 
+    def run_request(self) -> RunRequest:
+        """What this callback asks of the fit's run (a name, a logs folder, checkpoint saving); by default nothing."""
+        return _NO_REQUEST
+
     def state_dict(self) -> dict[str, Any]:
         """State to save in checkpoints (JSON-like: numbers, strings, lists, dicts, tensors)."""
         return {}
@@ -214,23 +242,28 @@ class EventDispatcher:
         for callback in callbacks:
             _check_callback(callback)
         self.callbacks = list(callbacks)
-        self._hooks: dict[str, tuple[tuple[Callback, Callable[..., None]], ...]] = {
-            name: tuple((cb, getattr(cb, name)) for cb in self.callbacks if _overrides(cb, name))
-            for name in EVENT_NAMES
+        # Decided once: an event no callback overrides is a loop over an empty tuple on the per-step path.
+        self._hooks: dict[Event, tuple[tuple[Callback, Callable[..., None]], ...]] = {
+            event: tuple((cb, getattr(cb, event.value)) for cb in self.callbacks if _overrides(cb, event.value))
+            for event in Event
         }
 
-    def fire(self, event: str, trainer: "Trainer") -> None:
+    def fire(self, event: Event, trainer: "Trainer") -> None:
         """Runs `event`'s hooks with `trainer`."""
         for callback, hook in self._hooks[event]:
             try:
                 hook(trainer)
             except Exception as exc:
-                exc.add_note(f"Raised in callback {type(callback).__name__}.{event}.")
+                exc.add_note(f"Raised in callback {type(callback).__name__}.{event.value}.")
                 raise
+
+    def run_requests(self) -> list[tuple[Callback, RunRequest]]:
+        """Each callback with what it asks of the fit's run (`Callback.run_request`), in list order."""
+        return [(cb, cb.run_request()) for cb in self.callbacks]
 
     def fire_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Runs `on_exception` hooks; their own errors are noted on the original, never raised."""
-        for callback, hook in self._hooks[Event.EXCEPTION.value]:
+        for callback, hook in self._hooks[Event.EXCEPTION]:
             try:
                 hook(trainer, exception)
             except Exception as inner:  # the original exception is the one users must see

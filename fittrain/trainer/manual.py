@@ -39,9 +39,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
 from fittrain.distributed.parallel import is_fsdp, unwrap
-from fittrain.trainer.parts import extract_loss, make_step_runner
+from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
+from fittrain.trainer.events import Event
+from fittrain.trainer.parts import StepRunner, extract_loss
+from fittrain.trainer.schedules import Schedule
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -89,24 +91,33 @@ class ManualOptimizer(AcceleratedOptimizer):
 
 
 class ManualOptimization:
-    """The Trainer's batch function and step machinery when `automatic_optimization` is False.
+    """Manual optimization (`automatic_optimization = False`): the Trainer's `train_batch` and the step
+    machinery behind `self.optimizers()` and `self.manual_backward(loss)`.
 
     Args:
-        trainer: The Trainer, after its model and optimizers were prepared.
+        trainer: The Trainer fitting `module`.
+        model: The prepared model.
+        module: The TrainModule.
         optimizers: The prepared optimizers, in the order configure_optimizers returned them.
         schedulers: The LR schedulers returned (not yet prepared), in order.
+
+    Attributes:
+        model, optimizers, schedulers: What the Trainer publishes as trainer.model, .optimizers, .schedulers.
+        schedule: The loop steps no scheduler here: training_step does (`sch.step()`).
     """
 
-    def __init__(self, trainer: "Trainer", optimizers: list[AcceleratedOptimizer], schedulers: list[Any]) -> None:
-        self.trainer, self.accelerator = trainer, trainer.accelerator
-        module = trainer.module
+    is_manual = True
+
+    def __init__(self, trainer: "Trainer", model: nn.Module, module: nn.Module,
+                 optimizers: list[AcceleratedOptimizer], schedulers: list[Any]) -> None:
+        self.trainer, self.accelerator, self.model = trainer, trainer.accelerator, model
         self.optimizers = [ManualOptimizer(o, self) for o in optimizers]
         self.schedulers = [self._prepare_scheduler(s) for s in schedulers]
-        model = trainer.model
+        self.schedule = Schedule()
         if is_fsdp(unwrap(model)):
             _check_fsdp_layout(unwrap(model))
         # DDP's forward is bypassed (see the module docstring); FSDP2's root forward is kept.
-        self._run = make_step_runner(unwrap(model), module)
+        self._run = StepRunner(unwrap(model), module)
         averaging = isinstance(model, DistributedDataParallel) and self.accelerator.num_processes > 1
         self._average: Callable[[list[nn.Parameter]], None] = self._average_gradients if averaging else _no_op
         # Each optimizer's parameters, in the module's order, found once (GradClip reads them too).
@@ -127,7 +138,7 @@ class ManualOptimization:
         trainer, acc = self.trainer, self.accelerator
         for optimizer in self.optimizers:
             optimizer.step_called = False
-        with acc.accumulate(trainer.model):
+        with acc.accumulate(self.model):
             try:
                 with acc.autocast():
                     output = self._run("training_step", batch)
@@ -151,13 +162,13 @@ class ManualOptimization:
                                                        else "") + ". Pass the loss itself, not loss.item() or a "
                 "detached copy, and compute it outside torch.no_grad().")
         fire = self.trainer.events.fire
-        fire("on_before_backward", self.trainer)
+        fire(Event.BEFORE_BACKWARD, self.trainer)
         # training_step runs under autocast; backward should not (PyTorch's AMP rule).
         device_type = self.accelerator.device.type
         off = torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else _NO_CONTEXT
         with off:
             self.accelerator.backward(loss, **kwargs)
-        fire("on_after_backward", self.trainer)
+        fire(Event.AFTER_BACKWARD, self.trainer)
 
     def step(self, optimizer: ManualOptimizer, closure: Any) -> None:
         """One real step of `optimizer`: average its gradients (DDP), fire the event, step."""
@@ -167,7 +178,7 @@ class ManualOptimization:
         try:
             if closure is None:
                 self._average(params)
-                trainer.events.fire("on_before_optimizer_step", trainer)
+                trainer.events.fire(Event.BEFORE_OPTIMIZER_STEP, trainer)
             else:
                 closure = self._wrap_closure(closure, params)
             optimizer.prepared.step(closure)
@@ -185,7 +196,7 @@ class ManualOptimization:
             self._average(params)
             if not fired:
                 fired.append(True)
-                self.trainer.events.fire("on_before_optimizer_step", self.trainer)
+                self.trainer.events.fire(Event.BEFORE_OPTIMIZER_STEP, self.trainer)
             return loss
 
         return wrapped

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from fittrain.trainer.manual import clip_gradients
+
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
 
@@ -147,8 +149,6 @@ class TrainModule(nn.Module):
         Call it between `manual_backward` and `optimizer.step()` (or use the GradClip callback,
         which clips the stepping optimizer's gradients in both modes).
         """
-        from fittrain.trainer.manual import clip_gradients  # fittrain.trainer.manual imports this module's neighbours
-
         clip_gradients(self._fitting_trainer("clip_gradients(...)"), optimizer, gradient_clip_val,
                        gradient_clip_algorithm)
 
@@ -162,13 +162,13 @@ class TrainModule(nn.Module):
 
     def _manual_loop(self, method: str) -> Any:
         trainer = self._fitting_trainer(method)
-        if trainer._manual is None:
+        if not trainer.optimization.is_manual:
             raise RuntimeError(
                 f"{type(self).__name__}.{method} is for manual optimization, and this module uses automatic "
                 "optimization (automatic_optimization=True), where the Trainer calls backward on the loss "
                 "training_step returns. Set self.automatic_optimization = False in __init__ to call backward and "
                 "step the optimizers yourself, or return the loss and let the Trainer do it.")
-        return trainer._manual
+        return trainer.optimization
 
     def has_validation_step(self) -> bool:
         """Whether the subclass implements `validation_step`."""

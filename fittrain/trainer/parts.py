@@ -6,19 +6,18 @@ Kept apart so `trainer.py` reads as the loop and nothing else.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from fittrain.distributed import collectives
-from fittrain.data import batch_size_of
+from fittrain.common.checks import check_positive_int
 from fittrain.common.reprs import short_repr
-from fittrain.trainer.events import Callback
+from fittrain.data import batch_size_of
+from fittrain.distributed import collectives
 from fittrain.distributed.parallel import is_fsdp, unwrap
 
 if TYPE_CHECKING:
@@ -27,17 +26,12 @@ if TYPE_CHECKING:
 
 
 def check_count(name: str, value: Any, optional: bool = False) -> Any:
-    """Validates a positive integer argument (None allowed when `optional`).
+    """A positive integer argument (None allowed when `optional`): `fittrain.common.checks.check_positive_int`.
 
     Raises:
         ValueError: naming the argument and the value received.
     """
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        allowed = "a positive integer or None" if optional else "a positive integer"
-        raise ValueError(f"`{name}` must be {allowed}. Received: {name}={value!r}.")
-    return value
+    return check_positive_int(name, value, optional=optional)
 
 
 def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[int | None, int | None]:
@@ -106,19 +100,6 @@ def check_path(name: str, value: Any, optional: bool = False) -> None:
     raise TypeError(f"`{name}` must be {allowed}. Received: {name}={short_repr(value)} ({type(value).__name__}).")
 
 
-def check_one_checkpointer(callbacks: Sequence[Callback]) -> None:
-    """Refuses two Checkpointers: both would save after the same steps, numbering the same folders."""
-    module = sys.modules.get("fittrain.callbacks.checkpointer")
-    if module is None:  # no Checkpointer exists before its module is imported
-        return
-    found = [cb for cb in callbacks if isinstance(cb, module.Checkpointer)]
-    if len(found) > 1:
-        raise ValueError(
-            f"`callbacks` holds {len(found)} Checkpointers ({', '.join(short_repr(cb, 120) for cb in found)}); each "
-            "would save into the same checkpoints folder, two saves per step. Use one Checkpointer: it takes "
-            "every_n_steps and every_n_epochs together.")
-
-
 def check_loader(name: str, loader: Any) -> None:
     """Raises a TypeError naming `name` for a loader that is missing or cannot be iterated."""
     if loader is None or isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
@@ -175,18 +156,27 @@ def extract_loss(output: Any) -> torch.Tensor | None:
     return output if output.ndim == 0 else output.reshape(())
 
 
-def make_step_runner(model: nn.Module, module: "TrainModule") -> Callable[[str, Any], Any]:
-    """Returns `run(method, batch)`, which calls `module.<method>(batch)` for the loop.
+class StepRunner:
+    """Calls `module.<method>(batch)` for the loops: `runner("training_step", batch)`.
 
     DDP synchronises gradients and FSDP2 gathers parameters only inside their own forward, so
     under either the step method runs through the wrapper: the wrapped module's forward is
     pointed at the method for one call. Without a wrapper the method is called directly.
-    """
-    if model is module and not is_fsdp(module):
-        return lambda method, batch: getattr(module, method)(batch)
-    inner = unwrap(model)
 
-    def run(method: str, batch: Any) -> Any:
+    Args:
+        model: The prepared model (or, for manual optimization under DDP, the module itself).
+        module: The TrainModule whose method runs.
+    """
+
+    def __init__(self, model: nn.Module, module: "TrainModule") -> None:
+        self.model, self.module = model, module
+        # Decided once: None calls the method directly (no wrapper), else the module whose forward is pointed.
+        self._inner: nn.Module | None = None if model is module and not is_fsdp(module) else unwrap(model)
+
+    def __call__(self, method: str, batch: Any) -> Any:
+        inner, module = self._inner, self.module
+        if inner is None:
+            return getattr(module, method)(batch)
         original = inner.__dict__.get("forward")
 
         def step_forward(*args: Any, **kwargs: Any) -> Any:
@@ -195,11 +185,9 @@ def make_step_runner(model: nn.Module, module: "TrainModule") -> Callable[[str, 
 
         inner.forward = step_forward
         try:
-            return model(batch)
+            return self.model(batch)
         finally:
             _restore_forward(inner, original)
-
-    return run
 
 
 def _restore_forward(module: nn.Module, original: Any) -> None:

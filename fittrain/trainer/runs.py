@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fittrain.checkpoint.fastio import MANIFEST_NAME
@@ -21,7 +20,7 @@ from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint
 from fittrain.checkpoint.naming import CHECKPOINTS_DIR
 from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints
 from fittrain.common.reprs import short_repr
-from fittrain.trainer.events import Callback
+from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trackers.runs import new_run_name
 
 if TYPE_CHECKING:
@@ -58,8 +57,9 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     config = acc.project_configuration
     # Where Checkpointer and preemption save: the Accelerator's project_dir, else the Trainer's.
     root = pathlib.Path(config.project_dir or trainer.project_dir) / CHECKPOINTS_DIR
-    given = given_run_name(run_name, trainer.callbacks)
-    logs = logs_folders(trainer.callbacks, config.logging_dir, trainer.project_dir)
+    requests = trainer.events.run_requests()
+    given = given_run_name(run_name, requests)
+    logs = logs_folders(requests, config.logging_dir, trainer.project_dir)
 
     def new_name() -> str:  # the main process's choice on every process (the clock differs by rank)
         return acc.broadcast(new_run_name(root, *logs))
@@ -69,17 +69,21 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     return plan
 
 
-def given_run_name(trainer_name: str | None, callbacks: Sequence[Callback]) -> tuple[str | None, str]:
-    """The run name given by `Trainer(run_name=...)` or a Logger's `run_name`, and which argument gave it.
+def given_run_name(trainer_name: str | None,
+                   requests: Sequence[tuple[Callback, RunRequest]]) -> tuple[str | None, str]:
+    """The run name given by `Trainer(run_name=...)` or a callback's (a Logger's `run_name`), and which
+    argument gave it.
+
+    Args:
+        trainer_name: The Trainer's `run_name`.
+        requests: Each callback with its `run_request()`.
 
     Raises:
         ValueError: when two of them name different runs.
     """
     named = [("Trainer(run_name=...)", trainer_name)] if trainer_name is not None else []
-    logger_module = sys.modules.get("fittrain.callbacks.logger")  # the Trainer never imports callbacks
-    if logger_module is not None:
-        named += [("Logger(run_name=...)", cb.run_name) for cb in callbacks
-                  if isinstance(cb, logger_module.Logger) and cb.run_name is not None]
+    named += [(f"{type(cb).__name__}(run_name=...)", request.name) for cb, request in requests
+              if request.name is not None]
     if len({name for _, name in named}) > 1:
         listed = ", ".join(f"{source[:-4]}{name!r})" for source, name in named)
         raise ValueError(f"The run is named twice, differently: {listed}. A run's logs and checkpoints carry one "
@@ -117,13 +121,44 @@ def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path
     return plan
 
 
-def logs_folders(callbacks: Sequence[Callback], logging_dir: str | None, project_dir: str) -> list[str]:
-    """The folders where this fit's run may write logs: a fresh name must be free in each."""
+def logs_folders(requests: Sequence[tuple[Callback, RunRequest]], logging_dir: str | None,
+                 project_dir: str) -> list[str]:
+    """The folders where this fit's run may write logs (the callbacks' `log_dir`s too): a fresh name
+    must be free in each."""
     folders = [logging_dir or os.path.join(project_dir, "logs")]
-    logger_module = sys.modules.get("fittrain.callbacks.logger")
-    if logger_module is not None:
-        folders += [cb.log_dir for cb in callbacks if isinstance(cb, logger_module.Logger) and cb.log_dir]
-    return folders
+    return folders + [request.log_dir for _, request in requests if request.log_dir]
+
+
+def check_one_checkpointer(callbacks: Sequence[Callback]) -> None:
+    """Refuses two callbacks that save checkpoints (`RunRequest.saves_checkpoints`, such as two
+    Checkpointers): both would save after the same steps, numbering the same folders."""
+    found = [cb for cb in callbacks if cb.run_request().saves_checkpoints]
+    if len(found) > 1:
+        kinds = " and ".join(sorted({type(cb).__name__ for cb in found}))
+        raise ValueError(
+            f"`callbacks` holds {len(found)} {kinds}s ({', '.join(short_repr(cb, 120) for cb in found)}); each "
+            "would save into the same checkpoints folder, two saves per step. Use one Checkpointer: it takes "
+            "every_n_steps and every_n_epochs together.")
+
+
+def run_hparams(trainer: "Trainer", extra: dict[str, Any] | None) -> dict[str, Any]:
+    """What a run was given, for trackers: the Trainer's arguments, the module's `hparams` dict (if it
+    has one), then `extra` (a Logger's `hparams`), later ones winning on equal names."""
+    acc = trainer.accelerator
+    values: dict[str, Any] = {
+        "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+        "gradient_accumulation_steps": acc.gradient_accumulation_steps,
+        "val_every_n_epochs": trainer.val_every_n_epochs, "val_every_n_steps": trainer.val_every_n_steps,
+        "strategy": acc.strategy, "precision": acc.mixed_precision, "num_processes": acc.num_processes,
+        "callbacks": ", ".join(short_repr(cb, 200) for cb in trainer.callbacks),
+    }
+    optimizers = trainer.optimizers or [trainer.optimizer]
+    values["optimizer"] = ", ".join(type(getattr(o, "optimizer", o)).__name__ for o in optimizers if o is not None)
+    module_hparams = getattr(trainer.module, "hparams", None)
+    if isinstance(module_hparams, dict):
+        values.update(module_hparams)
+    values.update(extra or {})
+    return values
 
 
 def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, name: str | None,

@@ -1,98 +1,42 @@
 """The Trainer: `fit()` is a plain training loop on the Accelerator that fires events.
 
-Read `Trainer.fit` and `_train_batch` top to bottom: that is the whole loop. Everything optional
-(clipping, precision, checkpoints, early stopping, logging) is a callback.
+Read `Trainer.fit` top to bottom: that is the whole loop. One batch is `optimization.train_batch`
+(automatic or manual optimization, fittrain/trainer/optimization.py); evaluation runs in an
+`Evaluation` (fittrain/trainer/evaluation.py). Everything optional (clipping, precision,
+checkpoints, early stopping, logging) is a callback.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import pathlib
-import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fittrain.trainer import evaluation
 from fittrain.accelerator.accelerator import Accelerator
-from fittrain.data import check_batches
-from fittrain.trainer.callback_states import CallbackStates
 from fittrain.checkpoint.latest import load_newest
 from fittrain.checkpoint.naming import ProjectConfiguration
-from fittrain.step.compile import check_compile, use_compile
-from fittrain.trainer.events import Callback, EventDispatcher, check_callbacks
-from fittrain.trainer.manual import ManualOptimization
-from fittrain.trainer.manual_config import check_automatic_optimization, parse_manual_optimizers
-from fittrain.trainer.module import TrainModule
+from fittrain.data import check_batches
 from fittrain.distributed.parallel import check_strategy
 from fittrain.distributed.preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
-from fittrain.trainer.schedules import Schedule, make_schedule, parse_optimizers
+from fittrain.step.compile import check_compile, use_compile
 from fittrain.trackers.runs import check_run_name
-from fittrain.trainer.parts import (LazyMetrics, ValidationAverager, check_accelerator, check_count, check_loader,
-                            check_one_checkpointer, check_path, check_validation_interval, empty_epoch_error,
-                            explain_backward_error, extract_loss, length_of, make_step_runner, warn_once)
-from fittrain.trainer.runs import RunPlan, start_run
+from fittrain.trainer.callback_states import CallbackStates
+from fittrain.trainer.evaluation import Evaluation, as_test_metrics, check_inputs, check_predictable, pick_test_method
+from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
+from fittrain.trainer.manual import ManualOptimization
+from fittrain.trainer.module import TrainModule
+from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimization
+from fittrain.trainer.parts import (StepRunner, check_accelerator, check_count, check_loader, check_path,
+                                   check_validation_interval, empty_epoch_error, length_of, warn_once)
+from fittrain.trainer.runs import RunPlan, check_one_checkpointer, start_run
+from fittrain.trainer.schedules import Schedule
+from fittrain.trainer.train_state import TrainState
 
-
-@dataclasses.dataclass
-class TrainState:
-    """Where training stands. Saved in every checkpoint and restored on resume.
-
-    Attributes:
-        epoch: The epoch being trained, from 0.
-        global_step: Optimizer steps taken.
-        batch_idx: Index of the current batch within the epoch.
-        loss: The last training loss, detached (a tensor; no device sync until read).
-        metrics: The latest value of each metric, as floats (converted when read).
-        should_stop: Set by a callback (such as EarlyStop) to end training after this epoch; set
-            during a mid-epoch validation (`val_every_n_steps`), it ends training after this batch.
-    """
-
-    epoch: int = 0
-    global_step: int = 0
-    batch_idx: int = 0
-    loss: torch.Tensor | None = None
-    should_stop: bool = False
-    raw_metrics: LazyMetrics = dataclasses.field(default_factory=LazyMetrics)
-    _warned_loss: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The latest value of each metric as floats (reading forces the pending device syncs)."""
-        floats = self.raw_metrics.as_floats()
-        self._warn_if_not_finite(floats.get("train_loss"))
-        return floats
-
-    def check_loss(self) -> None:
-        """Warns (once per fit) when the last training loss is NaN or infinite; one device sync."""
-        loss = self.raw_metrics.get("train_loss")
-        if loss is not None:
-            self._warn_if_not_finite(LazyMetrics(train_loss=loss).as_floats()["train_loss"])
-
-    def _warn_if_not_finite(self, loss: float | None) -> None:
-        # Checked where the loss becomes a float anyway, never per step: that would sync the device.
-        if loss is not None and not math.isfinite(loss) and not self._warned_loss:
-            self._warned_loss = True
-            warnings.warn(
-                f"The training loss is {loss} at optimizer step {self.global_step} (epoch {self.epoch}): training "
-                "diverged or a batch holds NaN/inf. Lower the learning rate, clip gradients (GradClip), check the "
-                "data, or stop on it with EarlyStop(monitor='train_loss') and a val_loader. (Checked when metrics "
-                "are read and at each epoch end, not every step; warned once per fit.)", stacklevel=3)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The JSON-safe part of the state, for checkpoints."""
-        return {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
-                "should_stop": self.should_stop, "metrics": self.metrics}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what `state_dict` returned."""
-        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
-        self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
-        self.raw_metrics = LazyMetrics(state["metrics"])
+__all__ = ["Trainer", "TrainState"]
 
 
 class Trainer:
@@ -155,7 +99,7 @@ class Trainer:
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.events = EventDispatcher(check_callbacks(callbacks))
-        check_one_checkpointer(self.callbacks)
+        check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
             accelerator = Accelerator(
@@ -168,27 +112,33 @@ class Trainer:
         self.state = TrainState()
         self.module: TrainModule | None = None
         self.model: nn.Module | None = None
+        # Automatic or manual optimization (fittrain/trainer/optimization.py), chosen at each fit: its
+        # train_batch trains one batch. The names below are what it prepared, published for callbacks.
+        self.optimization: AutomaticOptimization | ManualOptimization | None = None
         self.optimizer: Any = None
         self.scheduler: Any = None
         # Every prepared optimizer and scheduler: [optimizer] in automatic optimization; in manual
         # optimization (fittrain/trainer/manual.py) what self.optimizers() and self.lr_schedulers() return.
         self.optimizers: list[Any] = []
         self.schedulers: list[Any] = []
-        self._manual: ManualOptimization | None = None
+        self.lr_schedule = Schedule()  # steps the scheduler at the loop's fixed points (fittrain/trainer/schedules.py)
         self.train_loader: Any = None
         self.val_loader: Any = None
-        self.lr_schedule = Schedule()  # steps the scheduler at the loop's fixed points (fittrain/trainer/schedules.py)
-        self._averager: ValidationAverager | None = None
-        self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
-        self._eval_loaders: dict[int, Any] = {}
+        self.evaluation = Evaluation(accelerator, self._fire)  # the validation, test and predict loops
         # Set by a Checkpointer that monitors a metric (save_top_k): the best checkpoint so far.
         self.best_checkpoint: pathlib.Path | None = None
         self.best_score: float | None = None
+        self._runner: StepRunner | None = None  # calls the module's step methods through the prepared model
+        self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
+        self._warned: set[str] = set()  # the messages warn_once gave already
 
     @property
     def callbacks(self) -> list[Callback]:
         """The callbacks, in the order they run."""
         return self.events.callbacks
+
+    def _fire(self, event: Event) -> None:
+        self.events.fire(event, self)
 
     # ----------------------------------------------------------------- the loop
     def fit(self, module: TrainModule, train_loader: Any, val_loader: Any = None) -> None:
@@ -208,92 +158,68 @@ class Trainer:
         self._check_inputs(module, train_loader, val_loader)
         self.module, self.state = module, TrainState()
         module.attach(self)
+        fire, state = self._fire, self.state
         try:
             with self.preemption:
-                self.events.fire("on_fit_start", self)
+                fire(Event.FIT_START)  # before prepare(): callbacks may still configure the Accelerator
                 self._setup(module, train_loader, val_loader, resume)
                 while not self._finished():
-                    self._run_epoch()
-                self.events.fire("on_fit_end", self)
+                    fire(Event.TRAIN_EPOCH_START)
+                    module.train()
+                    for batch in self._epoch_batches():  # a resumed epoch skips what its checkpoint consumed
+                        fire(Event.TRAIN_BATCH_START)
+                        stepped = self.optimization.train_batch(batch)
+                        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
+                        # and a resume from it continues with the next batch instead of validating again.
+                        stop = stepped and self._validation_due(state.global_step) and self._validate_mid_epoch()
+                        fire(Event.TRAIN_BATCH_END)
+                        if stop or self._steps_done():  # a mid-epoch stop ends the epoch on every process alike
+                            break
+                        if self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator,
+                                                                                           state.global_step):
+                            self._save_and_exit()
+                    if self._validates_at_epoch_end(state.epoch):
+                        self._validate(self.val_loader)
+                        self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
+                    self.lr_schedule.after_epoch(state.epoch)
+                    state.check_loss()
+                    fire(Event.TRAIN_EPOCH_END)
+                    state.epoch += 1
+                    state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
+                fire(Event.FIT_END)
         except BaseException as exc:
             self.events.fire_exception(self, exc)
             raise
 
-    def _run_epoch(self) -> None:
-        self.events.fire("on_train_epoch_start", self)
-        self.module.train()
-        # A resumed epoch continues after the batches its checkpoint had consumed.
+    def _epoch_batches(self) -> Iterator[Any]:
+        """This epoch's batches, after those a resumed checkpoint had consumed; sets `state.batch_idx`.
+
+        Raises:
+            ValueError: for a fresh epoch without a batch (a stream that ran dry).
+        """
         start = self.train_loader.position.batches_consumed
         index = -1
         for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
             self.state.batch_idx = index
-            # A stop decided by a mid-epoch validation ends the epoch here, on every process alike.
-            if self._train_batch(batch) or self._steps_done():
-                break
-            if self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator, self.state.global_step):
-                self._save_and_exit()
-        if index < 0 and start == 0:  # a fresh epoch without a batch: a stream that ran dry
+            yield batch
+        if index < 0 and start == 0:
             raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
+
+    def _validation_due(self, global_step: int) -> bool:
+        """Whether the optimizer step just taken is followed by a mid-epoch validation (val_every_n_steps)."""
+        return bool(self._val_step_interval) and global_step % self._val_step_interval == 0
+
+    def _validates_at_epoch_end(self, epoch: int) -> bool:
         every = self.val_every_n_epochs  # None with val_every_n_steps: no validation at epoch ends
-        if self.val_loader is not None and every is not None and (self.state.epoch + 1) % every == 0:
-            self._validate_prepared(self.val_loader)
-            self.lr_schedule.after_validation(self.state.raw_metrics, epoch=self.state.epoch)
-        self.lr_schedule.after_epoch(self.state.epoch)
-        self.state.check_loss()
-        self.events.fire("on_train_epoch_end", self)
-        self.state.epoch += 1
-        self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
-
-    def _train_batch(self, batch: Any) -> bool:
-        """Trains on one batch; True when a validation after its step decided to stop training."""
-        fire = self.events.fire
-        fire("on_train_batch_start", self)
-        # _automatic_step below, or ManualOptimization.train_batch (fittrain/trainer/manual.py): chosen in _setup.
-        stepped = self._train_step(batch)
-        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome, and a
-        # resume from it continues with the next batch instead of validating again.
-        stop = False
-        if stepped and self._val_step_interval and self.state.global_step % self._val_step_interval == 0:
-            stop = self._validate_mid_epoch()
-        fire("on_train_batch_end", self)
-        return stop
-
-    def _automatic_step(self, batch: Any) -> bool:
-        """Forward, backward and, at the end of an accumulation window, the optimizer step; True if it stepped."""
-        acc, fire = self.accelerator, self.events.fire
-        stepped = False
-        with acc.accumulate(self.model):
-            with acc.autocast():
-                loss = extract_loss(self._run_step("training_step", batch))
-            if loss is not None:
-                self.state.loss = loss.detach()
-                self.state.raw_metrics["train_loss"] = self.state.loss
-                fire("on_before_backward", self)
-                try:
-                    acc.backward(loss)
-                except RuntimeError as err:  # costs nothing until it raises
-                    explain_backward_error(loss, err)
-                    raise
-                fire("on_after_backward", self)
-                if acc.sync_gradients:
-                    fire("on_before_optimizer_step", self)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad()
-                    self.state.global_step += 1
-                    self.lr_schedule.after_optimizer_step(self.state.global_step)
-                    stepped = True
-            else:
-                warn_once(self, "training_step returned None: the batch is skipped (no backward, no step).")
-        return stepped
+        return self.val_loader is not None and every is not None and (epoch + 1) % every == 0
 
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""
-        self._validate_prepared(self.val_loader)
+        self._validate(self.val_loader)
         self.lr_schedule.after_validation(self.state.raw_metrics, step=self.state.global_step)
         # One collective per validation, never per step: the main process's decision wins.
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
         return self.state.should_stop
-
 
     def _save_and_exit(self) -> None:
         try:
@@ -331,12 +257,17 @@ class Trainer:
             >>> trainer.validate(module, val_loader)
             {'val_loss': 0.12}
         """
-        evaluation.check_inputs("validate", module, loader)
-        evaluation.use_module(self, module)
-        return self._validate_prepared(evaluation.prepare_loader(self, loader))
+        check_inputs("validate", module, loader)
+        self._use_module(module)
+        return self._validate(self.evaluation.prepare_loader(loader))
 
-    def _validate_prepared(self, loader: Any) -> dict[str, float]:
-        return evaluation.run_validation(self, loader)
+    def _validate(self, loader: Any) -> dict[str, float]:
+        """Validates on a prepared loader: the loop of `validate` and of validation during fit."""
+        self._fire(Event.VALIDATION_START)
+        results = self.evaluation.average(self._runner, loader, "validation_step", Event.VALIDATION_BATCH_END)
+        self.state.raw_metrics.update(results)
+        self._fire(Event.VALIDATION_END)
+        return results
 
     def test(self, module: TrainModule, loader: Any) -> dict[str, float]:
         """Runs `test_step` (without one: `validation_step`) over `loader`, after `fit` or without it.
@@ -345,11 +276,23 @@ class Trainer:
         named `test_*` (a scalar return is `test_loss`; `val_x` and `x` become `test_x`), and
         records them in `trainer.state.metrics`. See `fittrain.trainer.evaluation`.
 
+        Raises:
+            TypeError: for a module with neither test_step nor validation_step, or a bad loader.
+            ValueError: when two metric names become one `test_*` name.
+
         Example:
             >>> trainer.test(module, test_loader)
             {'test_loss': 0.13}
         """
-        return evaluation.run_test(self, module, loader)
+        check_inputs("test", module, loader)
+        method = pick_test_method(module)
+        self._use_module(module)
+        loader = self.evaluation.prepare_loader(loader)
+        self._fire(Event.TEST_START)
+        results = as_test_metrics(self.evaluation.average(self._runner, loader, method, Event.TEST_BATCH_END))
+        self.state.raw_metrics.update(results)
+        self._fire(Event.TEST_END)
+        return results
 
     def predict(self, module: TrainModule, loader: Any, all_processes: bool = False) -> Any:
         """Runs `predict_step` (by default `module(batch)`) over `loader`, after `fit` or without it.
@@ -359,32 +302,64 @@ class Trainer:
         items joined into one list. The other processes get None, or the same whole result with
         `all_processes=True`. Every process must call it. See `fittrain.trainer.evaluation`.
 
+        Raises:
+            TypeError: for a module with neither predict_step nor forward, a bad loader, or an
+                output that is not one of the forms `predict_step` may return.
+            ValueError: for a 0-d tensor among the outputs.
+
         Example:
             >>> trainer.predict(module, DataLoader(inputs, batch_size=64))
             tensor([[0.12], [0.57], ...])
         """
-        return evaluation.run_predict(self, module, loader, all_processes)
+        check_inputs("predict", module, loader)
+        check_predictable(module)
+        self._use_module(module)
+        loader = self.evaluation.prepare_loader(loader, even_batches=True)
+        self._fire(Event.PREDICT_START)
+        outputs = self.evaluation.predict(self._runner, loader)
+        self._fire(Event.PREDICT_END)
+        # Every process gathered the whole result (all_gather); only the main one keeps it by default.
+        return outputs if (all_processes or self.accelerator.is_main_process) else None
 
     def record(self, name: str, value: Any) -> None:
         """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
-        if self._averager is not None:
-            self._averager.add(name, value)
+        averager = self.evaluation.averager
+        if averager is not None:
+            averager.add(name, value)
         else:
             self.state.raw_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
+
+    def _use_module(self, module: TrainModule) -> None:
+        """Attaches and prepares `module` for evaluation, unless it is the module the Trainer runs (after fit)."""
+        if self.module is module:
+            return
+        self.module = module
+        module.attach(self)
+        self.model = self.accelerator.prepare(module)
+        # Each step is autocast whole, as in fit, so the per-forward fp32 wrapper is redundant; outputs
+        # then have the same dtype whether or not the module was fitted first.
+        self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
+        self._runner = StepRunner(self.model, module)
 
     # ----------------------------------------------------------------- setup and resume
     def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: RunPlan) -> None:
         acc = self.accelerator
-        self._prepare_optimization(module, val_loader is not None)
+        self.optimization = optimization = prepare_optimization(self, module, val_loader is not None)
+        self.model, self.lr_schedule = optimization.model, optimization.schedule
+        self.optimizers, self.schedulers = optimization.optimizers, optimization.schedulers
+        self.optimizer, self.scheduler = self.optimizers[0], next(iter(self.schedulers), None)
         self.train_loader = acc.prepare_data_loader(train_loader)
         # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
-        self._run_step = make_step_runner(self.model, module)
-        self.val_loader = evaluation.prepare_loader(self, val_loader) if val_loader is not None else None
+        self._runner = StepRunner(self.model, module)
+        self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
-        if resume.checkpoint is None:
-            return
+        if resume.checkpoint is not None:
+            self._resume(resume)
+
+    def _resume(self, resume: RunPlan) -> None:
+        acc = self.accelerator
         if resume.newest:
             # The newest checkpoint of the run that loads: one whose files are refused only when parsed
             # (a planted pickle, garbled contents) is passed over like one that fails its checksums.
@@ -398,23 +373,6 @@ class Trainer:
         # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
         acc.print(f"Resumed from {loaded}: epoch {self.state.epoch}, optimizer step {self.state.global_step}, "
                   f"{self.train_loader.position.batches_consumed} batches into the epoch.")
-
-    def _prepare_optimization(self, module: TrainModule, validates: bool) -> None:
-        """Prepares the module with its optimizers and schedulers, and picks the batch function."""
-        acc = self.accelerator
-        if not check_automatic_optimization(module):  # training_step steps them itself: fittrain/trainer/manual.py
-            optimizers, schedulers = parse_manual_optimizers(module)
-            self.model, *prepared = acc.prepare(module, *optimizers)
-            self._manual = ManualOptimization(self, prepared, schedulers)
-            self.optimizers, self.schedulers = self._manual.optimizers, self._manual.schedulers
-            self.optimizer, self.scheduler = self.optimizers[0], next(iter(self.schedulers), None)
-            self.lr_schedule, self._train_step = Schedule(), self._manual.train_batch
-            return
-        optimizer, config = parse_optimizers(module)
-        self.model, self.optimizer = acc.prepare(module, optimizer)
-        self.lr_schedule = make_schedule(config, acc, validates, self.val_every_n_epochs, self.val_every_n_steps)
-        self.scheduler, self._manual, self._train_step = self.lr_schedule.scheduler, None, self._automatic_step
-        self.optimizers, self.schedulers = [self.optimizer], [self.scheduler] if self.scheduler else []
 
     def _start_run(self) -> RunPlan:
         """Names this fit's run, finds the checkpoint it resumes from, and points the Accelerator's

@@ -93,12 +93,12 @@ def test_log_dir_overrides_the_project_folder(make_module, make_loader, tmp_path
 
 
 def test_tensorboard_off_writes_no_event_files(make_module, make_loader, tmp_path):
-    _fit(make_module(), make_loader, tmp_path, Logger(every_n_steps=1, tensorboard=False, progress_bar=False))
+    _fit(make_module(), make_loader, tmp_path, Logger(every_n_steps=1, log_with=[], progress_bar=False))
     assert _event_files(tmp_path) == []
 
 
 def test_progress_bar_shows_loss_lr_and_rate(make_module, make_loader, tmp_path, capsys):
-    _fit(make_module(), make_loader, tmp_path, Logger(every_n_steps=2, tensorboard=False))
+    _fit(make_module(), make_loader, tmp_path, Logger(every_n_steps=2, log_with=[]))
     err = capsys.readouterr().err
     assert "Epoch 0" in err and "Epoch 1" in err and "4/4" in err
     assert "it/s" in err and "loss=" in err and "lr=0.1" in err and "val_loss=" in err
@@ -142,7 +142,6 @@ def test_an_exception_closes_the_writer_and_keeps_what_was_logged(make_module, m
     ({"every_n_steps": -5}, "every_n_steps=-5"),
     ({"every_n_steps": 2.0}, "every_n_steps=2.0"),
     ({"every_n_steps": True}, "every_n_steps=True"),
-    ({"tensorboard": "yes"}, "tensorboard='yes'"),
     ({"progress_bar": 1}, "progress_bar=1"),
     ({"log_dir": 5}, "log_dir=5"),
 ])

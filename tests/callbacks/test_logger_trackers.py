@@ -199,20 +199,12 @@ def test_learning_rates_of_several_optimizers_are_named_by_position():
     assert Logger._learning_rates(types.SimpleNamespace(optimizers=[a], optimizer=a)) == {"lr": 0.1}
 
 
-def test_tensorboard_false_removes_it_from_log_with(make_module, make_loader, tmp_path):
-    logger = _logger(log_with=["tensorboard", "csv"], tensorboard=False)
-    Trainer(project_dir=tmp_path, max_epochs=1, callbacks=[logger]).fit(make_module(), make_loader())
-    [run] = _runs(tmp_path)
-    assert not list(run.glob("events.out.tfevents.*")) and (run / "metrics.csv").is_file()
-
-
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"log_with": "tb"}, ValueError, r"Received: 'tb'\. Accepted: 'all', 'tensorboard'"),
     ({"log_with": 3}, TypeError, r"Received: 3 \(int\)"),
     ({"run_name": "a/b"}, ValueError, r"Received: run_name='a/b'"),
     ({"hparams": [1]}, TypeError, r"Received: hparams=\[1\]"),
     ({"init_kwargs": {"wandb": {}}}, ValueError, r"name no tracker in use: \['wandb'\]"),
-    ({"tensorboard": "yes"}, ValueError, r"Received: tensorboard='yes'"),
 ])
 def test_bad_arguments_name_what_was_received(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -1,0 +1,99 @@
+"""ProgressBar: a tqdm bar per epoch and a transient one per validation, on the main process only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+from tqdm.auto import tqdm
+
+from fittrain.common.checks import check_bool
+from fittrain.trainer.events import Callback
+from fittrain.trainer.parts import length_of
+
+if TYPE_CHECKING:
+    from fittrain.trainer.trainer import Trainer
+
+
+class ProgressBar(Callback):
+    """Shows a tqdm bar per epoch (batches, it/s, and the values given to `show`) and a transient
+    one during each validation. Only the main process draws; a bar redraws at most ten times a
+    second, and per batch it only advances, so it costs no device sync.
+
+    A `Logger` owns one (its `progress_bar=` argument) and shows the loss, the learning rate and
+    the validation metrics on it at its logging points. Alone, it shows progress only.
+
+    Args:
+        enabled: False draws nothing (every bar is a disabled tqdm).
+
+    Raises:
+        TypeError: when `enabled` is not a bool.
+
+    Example:
+        >>> Trainer(callbacks=[ProgressBar()]).fit(module, loader)
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = check_bool("enabled", enabled, owner="ProgressBar")
+        self._show = False  # decided in on_fit_start: enabled, on the main process
+        self._bar = tqdm(disable=True)
+        self._val_bar = tqdm(disable=True)
+        self._postfix: dict[str, str] = {}
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Decides whether this process draws (the main process only) and forgets the last fit's values."""
+        self._show = self.enabled and trainer.accelerator.is_main_process
+        self._postfix = {}
+
+    def on_train_epoch_start(self, trainer: "Trainer") -> None:
+        """Starts this epoch's bar, from the batches a resumed epoch had consumed already."""
+        self._bar.close()
+        loader = trainer.train_loader
+        done = getattr(getattr(loader, "position", None), "batches_consumed", 0)
+        # A stream has no length: the bar then counts batches without a total.
+        self._bar = tqdm(total=length_of(loader), initial=done, desc=f"Epoch {trainer.state.epoch}", mininterval=0.1,
+                         dynamic_ncols=True, disable=not self._show)
+
+    def on_train_batch_end(self, trainer: "Trainer") -> None:
+        """Advances the epoch's bar."""
+        self._bar.update()
+
+    def on_validation_start(self, trainer: "Trainer") -> None:
+        """Starts the validation bar, which disappears when validation ends."""
+        if not self._show:
+            return
+        loader = trainer.val_loader
+        self._val_bar = tqdm(total=length_of(loader) if loader is not None else None, desc="Validation",
+                             leave=False, mininterval=0.1, dynamic_ncols=True)
+
+    def on_validation_batch_end(self, trainer: "Trainer") -> None:
+        """Advances the validation bar."""
+        self._val_bar.update()
+
+    def on_validation_end(self, trainer: "Trainer") -> None:
+        """Closes the validation bar."""
+        self._val_bar.close()
+
+    def on_train_epoch_end(self, trainer: "Trainer") -> None:
+        """Closes this epoch's bar."""
+        self._bar.close()
+
+    def on_fit_end(self, trainer: "Trainer") -> None:
+        """Closes the bars."""
+        self.close()
+
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        """Closes the bars."""
+        self.close()
+
+    def show(self, values: Mapping[str, str], refresh: bool = True) -> None:
+        """Shows `values` (formatted) after the epoch's bar, beside those shown before."""
+        self._postfix.update(values)
+        self._bar.set_postfix(self._postfix, refresh=refresh)
+
+    def close(self) -> None:
+        """Closes both bars (what they showed stays on the terminal)."""
+        self._bar.close()
+        self._val_bar.close()
+
+    def __repr__(self) -> str:
+        return f"ProgressBar(enabled={self.enabled})"

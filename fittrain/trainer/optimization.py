@@ -1,0 +1,105 @@
+"""Automatic optimization, and the choice between it and manual optimization.
+
+`prepare_optimization` reads `configure_optimizers` (fittrain/trainer/configure.py), prepares the
+module with its optimizers, and returns the object behind the Trainer's `train_batch(batch)`:
+
+- `AutomaticOptimization` (the default): the Trainer runs backward on the loss `training_step`
+  returns and steps the one optimizer and its scheduler (`Schedule`) at the end of each
+  accumulation window;
+- `ManualOptimization` (fittrain/trainer/manual.py, `automatic_optimization = False`):
+  `training_step` steps any number of optimizers itself.
+
+Both have the same surface: `model`, `optimizers`, `schedulers`, `schedule`, `is_manual`, and
+`train_batch(batch) -> bool` (whether the batch ended with an optimizer step), so the loop never
+asks which one runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from fittrain.trainer.configure import check_automatic_optimization, parse_manual_optimizers, parse_optimizers
+from fittrain.trainer.events import Event
+from fittrain.trainer.manual import ManualOptimization
+from fittrain.trainer.parts import StepRunner, explain_backward_error, extract_loss, warn_once
+from fittrain.trainer.schedules import Schedule, make_schedule
+
+if TYPE_CHECKING:
+    from fittrain.trainer.module import TrainModule
+    from fittrain.trainer.trainer import Trainer
+
+
+class AutomaticOptimization:
+    """One batch of automatic optimization: forward, backward and, at the end of an accumulation
+    window, the optimizer step and the scheduler's (nanoGPT's step order).
+
+    Args:
+        trainer: The Trainer fitting `module` (its state, events and accelerator).
+        model: The prepared model.
+        module: The TrainModule.
+        optimizer: The prepared optimizer.
+        schedule: Steps the scheduler at the loop's fixed points (fittrain/trainer/schedules.py).
+    """
+
+    is_manual = False
+
+    def __init__(self, trainer: "Trainer", model: nn.Module, module: "TrainModule", optimizer: Any,
+                 schedule: Schedule) -> None:
+        self.trainer, self.model, self.optimizer, self.schedule = trainer, model, optimizer, schedule
+        self.optimizers = [optimizer]
+        self.schedulers = [schedule.scheduler] if schedule.scheduler else []
+        self._run = StepRunner(model, module)
+
+    def train_batch(self, batch: Any) -> bool:
+        """Trains on one batch; True when it ended an accumulation window with an optimizer step."""
+        trainer = self.trainer
+        acc, fire, state = trainer.accelerator, trainer.events.fire, trainer.state
+        with acc.accumulate(self.model):
+            with acc.autocast():
+                loss = extract_loss(self._run("training_step", batch))
+            if loss is None:
+                warn_once(trainer, "training_step returned None: the batch is skipped (no backward, no step).")
+                return False
+            state.loss = loss.detach()
+            state.raw_metrics["train_loss"] = state.loss
+            fire(Event.BEFORE_BACKWARD, trainer)
+            try:
+                acc.backward(loss)
+            except RuntimeError as err:  # costs nothing until it raises
+                explain_backward_error(loss, err)
+                raise
+            fire(Event.AFTER_BACKWARD, trainer)
+            if not acc.sync_gradients:  # inside an accumulation window: gradients add up
+                return False
+            fire(Event.BEFORE_OPTIMIZER_STEP, trainer)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            state.global_step += 1
+            self.schedule.after_optimizer_step(state.global_step)
+        return True
+
+
+def prepare_optimization(trainer: "Trainer", module: "TrainModule",
+                         validates: bool) -> AutomaticOptimization | ManualOptimization:
+    """Reads the module's `configure_optimizers`, prepares the module with the optimizers (and the
+    automatic mode's scheduler), and returns the optimization that trains its batches.
+
+    Args:
+        trainer: The Trainer starting a fit.
+        module: The TrainModule.
+        validates: Whether fit received a val_loader (a plateau scheduler needs one).
+
+    Raises:
+        TypeError, ValueError: for what `configure_optimizers` returned (fittrain/trainer/configure.py).
+    """
+    acc = trainer.accelerator
+    if not check_automatic_optimization(module):  # training_step steps them itself: fittrain/trainer/manual.py
+        optimizers, schedulers = parse_manual_optimizers(module)
+        model, *prepared = acc.prepare(module, *optimizers)
+        return ManualOptimization(trainer, model, module, prepared, schedulers)
+    optimizer, config = parse_optimizers(module)
+    model, optimizer = acc.prepare(module, optimizer)
+    schedule = make_schedule(config, acc, validates, trainer.val_every_n_epochs, trainer.val_every_n_steps)
+    return AutomaticOptimization(trainer, model, module, optimizer, schedule)

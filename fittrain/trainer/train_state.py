@@ -1,0 +1,69 @@
+"""`TrainState`: where training stands, saved in every checkpoint and restored on resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from fittrain.trainer.parts import LazyMetrics
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where training stands. Saved in every checkpoint and restored on resume.
+
+    Attributes:
+        epoch: The epoch being trained, from 0.
+        global_step: Optimizer steps taken.
+        batch_idx: Index of the current batch within the epoch.
+        loss: The last training loss, detached (a tensor; no device sync until read).
+        metrics: The latest value of each metric, as floats (converted when read).
+        should_stop: Set by a callback (such as EarlyStop) to end training after this epoch; set
+            during a mid-epoch validation (`val_every_n_steps`), it ends training after this batch.
+    """
+
+    epoch: int = 0
+    global_step: int = 0
+    batch_idx: int = 0
+    loss: torch.Tensor | None = None
+    should_stop: bool = False
+    raw_metrics: LazyMetrics = dataclasses.field(default_factory=LazyMetrics)
+    _warned_loss: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest value of each metric as floats (reading forces the pending device syncs)."""
+        floats = self.raw_metrics.as_floats()
+        self._warn_if_not_finite(floats.get("train_loss"))
+        return floats
+
+    def check_loss(self) -> None:
+        """Warns (once per fit) when the last training loss is NaN or infinite; one device sync."""
+        loss = self.raw_metrics.get("train_loss")
+        if loss is not None:
+            self._warn_if_not_finite(LazyMetrics(train_loss=loss).as_floats()["train_loss"])
+
+    def _warn_if_not_finite(self, loss: float | None) -> None:
+        # Checked where the loss becomes a float anyway, never per step: that would sync the device.
+        if loss is not None and not math.isfinite(loss) and not self._warned_loss:
+            self._warned_loss = True
+            warnings.warn(
+                f"The training loss is {loss} at optimizer step {self.global_step} (epoch {self.epoch}): training "
+                "diverged or a batch holds NaN/inf. Lower the learning rate, clip gradients (GradClip), check the "
+                "data, or stop on it with EarlyStop(monitor='train_loss') and a val_loader. (Checked when metrics "
+                "are read and at each epoch end, not every step; warned once per fit.)", stacklevel=3)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON-safe part of the state, for checkpoints."""
+        return {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
+                "should_stop": self.should_stop, "metrics": self.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
+        self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
+        self.raw_metrics = LazyMetrics(state["metrics"])
