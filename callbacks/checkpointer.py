@@ -317,7 +317,7 @@ class Checkpointer(Callback):
             return
         # Every process loads: DDP replicas stay equal; under FSDP2 each rank reads its shard of a
         # sharded checkpoint, or re-shards a full one (collectives every process joins), as a resume does.
-        trainer.accelerator._restore_weights(trainer.best_checkpoint, trainer.module)
+        trainer.accelerator.checkpointing.restore_weights(trainer.best_checkpoint, trainer.module)
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Waits for a checkpoint still being written, so it is complete before the process may exit.

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from fittrain.common.checks import check_positive_number
 from fittrain.trainer.events import Callback
 from fittrain.trainer.manual import optimizer_parameters
 
@@ -14,11 +15,8 @@ if TYPE_CHECKING:
 
 
 def _check_limit(name: str, value: Any, optional: bool = True) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"`GradClip({name}=...)` must be a positive number. Received: {name}={value!r}.")
-    return float(value)
+    checked = check_positive_number(name, value, owner="GradClip", optional=optional, wanted="a positive number")
+    return None if checked is None else float(checked)
 
 
 class GradClip(Callback):

@@ -1,14 +1,24 @@
 """The Trainer layer: a training loop on the Accelerator that fires lifecycle events.
 
 Holds:
-    trainer         `Trainer` and `TrainState`: fit, validate, test, predict
+    trainer         `Trainer`: fit (the epoch and batch loop, on one screen), validate, test, predict
+    train_state     `TrainState`: where training stands, saved in every checkpoint
     module          `TrainModule`, what users subclass
-    events          the `Event`s, their order, the `Callback` base class and the dispatcher
-    evaluation      validation, test and predict loops
-    manual, manual_config, schedules
-                    optimization modes and when schedulers step
-    parts, runs, callback_states
-                    argument checks and metrics, run folders, callbacks' saved states
+    events          the `Event`s and their order (its docstring is the loop), the `Callback` base
+                    class with `run_request` (what a callback asks of the run), the dispatcher
+    optimization    `AutomaticOptimization` and the choice of mode; both modes have one `train_batch`
+    manual          `ManualOptimization`: training_step steps its own optimizers (Lightning's names)
+    configure       the one parser of `configure_optimizers`, for both modes
+    schedules       when the LR scheduler steps (`Schedule` objects called at the loop's fixed points)
+    monitor         `Monitor`: a watched metric, its mode and best value (EarlyStop, Checkpointer,
+                    plateau schedules)
+    evaluation      `Evaluation`: the validation, test and predict loops, returning their results
+    parts           small pieces of the loop: argument checks, loss extraction, `StepRunner`,
+                    metric bookkeeping
+    runs            the fit's run: its name, its folder, the checkpoint a resume loads, its hparams
+    callback_states all callbacks' states as one checkpointed object
 
-May import: `fittrain.accelerator` and everything below it. Nothing below imports this package.
+May import: `fittrain.accelerator` and everything below it (step, data, checkpoint, trackers,
+distributed, common). Nothing below imports this package, and it never imports `fittrain.callbacks`:
+callbacks depend on it, and tell it what they need through `Callback.run_request`.
 """

@@ -111,8 +111,8 @@ class TrainModule(nn.Module):
         trainer = self.__dict__.get("_trainer")
         if trainer is None:
             raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
-                               "from training_step, validation_step or test_step while the Trainer runs the module (fit, validate, "
-                               "test or predict).")
+                               "from training_step, validation_step or test_step while the Trainer runs the module "
+                               "(fit, validate, test or predict).")
         trainer.record(name, value)
 
     # ----------------------------------------------------------------- manual optimization

@@ -51,7 +51,8 @@ def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[
             "`val_every_n_epochs` and `val_every_n_steps` cannot both be set: validation runs either at the end of "
             "every n-th epoch or after every n-th optimizer step, in the middle of epochs. Received: "
             f"val_every_n_epochs={every_n_epochs!r}, val_every_n_steps={every_n_steps!r}. Pass only one of them "
-            f"(val_every_n_steps={every_n_steps!r} alone validates every {every_n_steps} steps, and not at epoch ends).")
+            f"(val_every_n_steps={every_n_steps!r} alone validates every {every_n_steps} steps, and not at epoch "
+            "ends).")
     if every_n_steps is None and every_n_epochs is None:
         every_n_epochs = 1
     return every_n_epochs, every_n_steps

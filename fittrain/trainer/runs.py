@@ -16,12 +16,13 @@ import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fittrain.checkpoint.fastio import MANIFEST_NAME
-from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint
+from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint, load_newest
 from fittrain.checkpoint.naming import CHECKPOINTS_DIR
 from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints
 from fittrain.common.reprs import short_repr
-from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trackers.runs import new_run_name
+from fittrain.trainer.events import Callback, RunRequest
+from fittrain.trainer.parts import warn_once
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -67,6 +68,27 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn)
     config.use_run(plan.name)
     return plan
+
+
+def load_resumed(trainer: "Trainer", plan: RunPlan) -> None:
+    """Loads the checkpoint `plan` resumes from into the prepared Trainer, and says so in one line.
+
+    With `plan.newest`, the newest checkpoint of the run that loads: one whose files are refused only
+    when parsed (a planted pickle, garbled contents) is passed over like one that fails its checksums.
+    """
+    acc, state = trainer.accelerator, trainer.state
+    if plan.newest:
+        loaded = load_newest(plan.checkpoint.parent, lambda msg: warn_once(trainer, msg), acc.load_state)
+    else:
+        loaded = acc.load_state(plan.checkpoint)
+    if not plan.continues:  # a checkpoint from elsewhere: this new run numbers its own saves from 0
+        acc.project_configuration.iteration = 0
+    position = trainer.train_loader.position
+    # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
+    state.epoch = max(state.epoch, position.epoch)
+    # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
+    acc.print(f"Resumed from {loaded}: epoch {state.epoch}, optimizer step {state.global_step}, "
+              f"{position.batches_consumed} batches into the epoch.")
 
 
 def given_run_name(trainer_name: str | None,

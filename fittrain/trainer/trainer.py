@@ -17,7 +17,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fittrain.accelerator.accelerator import Accelerator
-from fittrain.checkpoint.latest import load_newest
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.data import check_batches
 from fittrain.distributed.parallel import check_strategy
@@ -30,9 +29,18 @@ from fittrain.trainer.events import Callback, Event, EventDispatcher, check_call
 from fittrain.trainer.manual import ManualOptimization
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimization
-from fittrain.trainer.parts import (StepRunner, check_accelerator, check_count, check_loader, check_path,
-                                   check_validation_interval, empty_epoch_error, length_of, warn_once)
-from fittrain.trainer.runs import RunPlan, check_one_checkpointer, start_run
+from fittrain.trainer.parts import (
+    StepRunner,
+    check_accelerator,
+    check_count,
+    check_loader,
+    check_path,
+    check_validation_interval,
+    empty_epoch_error,
+    length_of,
+    warn_once,
+)
+from fittrain.trainer.runs import RunPlan, check_one_checkpointer, load_resumed, start_run
 from fittrain.trainer.schedules import Schedule
 from fittrain.trainer.train_state import TrainState
 
@@ -102,11 +110,7 @@ class Trainer:
         check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
-            accelerator = Accelerator(
-                gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
-                strategy=check_strategy(strategy),
-                project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
-                                                    automatic_checkpoint_naming=True))
+            accelerator = self._build_accelerator(gradient_accumulation_steps, strategy)
         use_compile(accelerator, compile_options)
         self.accelerator = accelerator
         self.state = TrainState()
@@ -131,6 +135,13 @@ class Trainer:
         self._runner: StepRunner | None = None  # calls the module's step methods through the prepared model
         self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
         self._warned: set[str] = set()  # the messages warn_once gave already
+
+    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
+        return Accelerator(
+            gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
+            strategy=check_strategy(strategy),
+            project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
+                                                automatic_checkpoint_naming=True))
 
     @property
     def callbacks(self) -> list[Callback]:
@@ -356,23 +367,7 @@ class Trainer:
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
         if resume.checkpoint is not None:
-            self._resume(resume)
-
-    def _resume(self, resume: RunPlan) -> None:
-        acc = self.accelerator
-        if resume.newest:
-            # The newest checkpoint of the run that loads: one whose files are refused only when parsed
-            # (a planted pickle, garbled contents) is passed over like one that fails its checksums.
-            loaded = load_newest(resume.checkpoint.parent, lambda msg: warn_once(self, msg), acc.load_state)
-        else:
-            loaded = acc.load_state(resume.checkpoint)
-        if not resume.continues:  # a checkpoint from elsewhere: this new run numbers its own saves from 0
-            acc.project_configuration.iteration = 0
-        # A checkpoint saved at epoch end already finished that epoch: its loader moved on.
-        self.state.epoch = max(self.state.epoch, self.train_loader.position.epoch)
-        # One line, so that a run resumed from the wrong checkpoint (a smoke run's) is noticed.
-        acc.print(f"Resumed from {loaded}: epoch {self.state.epoch}, optimizer step {self.state.global_step}, "
-                  f"{self.train_loader.position.batches_consumed} batches into the epoch.")
+            load_resumed(self, resume)
 
     def _start_run(self) -> RunPlan:
         """Names this fit's run, finds the checkpoint it resumes from, and points the Accelerator's
