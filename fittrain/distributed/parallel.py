@@ -9,15 +9,16 @@ still import them from here.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterable, cast
 
 import torch
 
-from fittrain.distributed.strategies.fsdp import gathered_state_dict
+from fittrain.distributed.strategies.fsdp import FSDP2Strategy, gathered_state_dict
+from fittrain.distributed.strategies.parameters import rebind_optimizer
 from fittrain.distributed.wrappers import is_fsdp, unwrap
 
-__all__ = ["STRATEGIES", "STRATEGY_ENV", "check_strategy", "full_state_dict", "is_fsdp", "resolve_strategy",
-           "unwrap"]
+__all__ = ["STRATEGIES", "STRATEGY_ENV", "check_strategy", "full_state_dict", "is_fsdp", "load_full_state_dict",
+           "load_optimizer_state_dict", "optimizer_state_dict", "rebind_optimizer", "resolve_strategy", "unwrap"]
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 
@@ -69,3 +70,26 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if is_fsdp(model):
         return gathered_state_dict(model)
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+# Transitional: tests/distributed/scripts/fsdp_worker.py calls these three until it asks its Accelerator's
+# `distributed_strategy` (the same methods). FSDP2Strategy's state methods serve sharded and plain models
+# alike and read no process facts, so one built without them is enough here.
+def _state_methods() -> FSDP2Strategy:
+    return FSDP2Strategy(cast(Any, None))
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Module]) -> dict[str, Any]:
+    """`Strategy.optimizer_state_dict`, for a caller without an Accelerator."""
+    return _state_methods().optimizer_state_dict(optimizer, models)
+
+
+def load_full_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """`Strategy.load_full_state_dict`, for a caller without an Accelerator."""
+    _state_methods().load_full_state_dict(model, state_dict)
+
+
+def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Module],
+                              state_dict: dict[str, Any]) -> None:
+    """`Strategy.load_optimizer_state_dict`, for a caller without an Accelerator."""
+    _state_methods().load_optimizer_state_dict(optimizer, models, state_dict)

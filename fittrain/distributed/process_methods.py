@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
+from fittrain.common.nested import is_tensor_tree, map_tensors
 from fittrain.distributed import collectives
 from fittrain.distributed.gradient_state import GradientState
 from fittrain.distributed.process_state import ProcessState
@@ -82,7 +83,7 @@ class ProcessHelpers:
 
     def broadcast(self, obj: Any, from_process: int = 0) -> Any:
         """Copies tensors, or any picklable object, from `from_process` to all processes."""
-        if _holds_tensors(obj):
+        if is_tensor_tree(obj):
             return collectives.broadcast(obj, self.state, from_process)
         return collectives.broadcast_object(obj, self.state, from_process)
 
@@ -166,7 +167,7 @@ class ProcessMethods(ProcessHelpers):
         """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
         # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing.
         padding = 0 < self.gradient_state.real_ranks <= self.state.process_index
-        if use_gather_object or not _holds_tensors(input_data):
+        if use_gather_object or not is_tensor_tree(input_data):
             mine = [] if padding else input_data
             gathered = [x for part in collectives.gather_object(mine, self.state) for x in _as_list(part)]
         else:
@@ -186,32 +187,18 @@ def _check_index(name: str, value: Any, num_processes: int) -> int:
     return value
 
 
-def _holds_tensors(obj: Any) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return True
-    if isinstance(obj, dict):
-        return bool(obj) and all(_holds_tensors(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return bool(obj) and all(_holds_tensors(v) for v in obj)
-    return False
-
-
 def _as_list(obj: Any) -> list[Any]:
     return list(obj) if isinstance(obj, (list, tuple)) else [obj]
 
 
 def _emptied(data: Any) -> Any:
     """`data` with every tensor cut to length 0 along its first dimension (a 0-d one becomes shape (0,))."""
-    if isinstance(data, torch.Tensor):
-        return (data if data.ndim else data[None])[:0]
-    if isinstance(data, dict):
-        return type(data)((k, _emptied(v)) for k, v in data.items())
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_emptied(v) for v in data))
-    return type(data)(_emptied(v) for v in data)
+    return map_tensors(lambda t: (t if t.ndim else t[None])[:0], data)
 
 
 def _truncate(data: Any, length: int) -> Any:
+    """The first `length` samples of gathered `data`: of each tensor of a structure, or of a gathered
+    list of objects (so not `map_tensors`, which would leave such a list whole)."""
     if isinstance(data, torch.Tensor):
         return data[:length]
     if isinstance(data, dict):
