@@ -6,6 +6,10 @@ process group of this process (a `PartialState` is read per call; there is no gl
 Accelerate's whole `is_*_available` family is here too (`fittrain.common.availability`): each answers
 for this machine whether a package is installed or a device present.
 
+A facade for user scripts: nothing inside fittrain imports it. Most names are re-exported from
+the subpackage that owns them (`send_to_device` and `skip_first_batches` from `fittrain.data`);
+the thin wrappers here read this process's `PartialState` per call.
+
 Example:
     >>> from fittrain.utils import set_seed, gather_object
     >>> set_seed(42)
@@ -18,24 +22,32 @@ import functools
 import gc
 import inspect
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm as _tqdm
 
-from fittrain.common import availability
-
-from fittrain.distributed import collectives
-from fittrain.common.availability import *  # Accelerate's is_*_available family, listed in __all__
-from fittrain.distributed.collectives import DistributedOperationException, sync_rng_states
-from fittrain.checkpoint.naming import ProjectConfiguration
-from fittrain.accelerator.configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                            TorchDynamoPlugin)
-from fittrain.data.devices import send_to_device as _send_to_device
+from fittrain.accelerator.configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    TorchDynamoPlugin,
+)
 from fittrain.accelerator.partial_state import PartialState
+from fittrain.checkpoint.naming import ProjectConfiguration
+from fittrain.common import availability
+from fittrain.common.availability import *  # noqa: F403 - Accelerate's is_*_available family, listed in __all__
+from fittrain.data.devices import send_to_device
+from fittrain.data.skipping import skip_first_batches
+from fittrain.distributed import collectives
+from fittrain.distributed.collectives import DistributedOperationException, sync_rng_states
 from fittrain.distributed.process_state import DistributedType
 from fittrain.trackers.registry import LoggerType
 
@@ -102,24 +114,6 @@ def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | No
     sync_rng_states(rng_types, PartialState().state, generator)
 
 
-def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False,
-                   skip_keys: str | list[str] | tuple[str, ...] | None = None) -> Any:
-    """Moves every tensor of `tensor` (nested lists, tuples, dicts) to `device`.
-
-    Args:
-        tensor: A tensor or a nested structure of tensors; other values pass through.
-        device: Where to move them.
-        non_blocking: Copy asynchronously where the device allows it.
-        skip_keys: Keys of a dict whose values stay where they are.
-    """
-    device = torch.device(device) if not isinstance(device, torch.device) else device
-    if skip_keys and isinstance(tensor, dict):
-        skipped = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys)
-        return type(tensor)((k, v if k in skipped else _send_to_device(v, device, non_blocking))
-                            for k, v in tensor.items())
-    return _send_to_device(tensor, device, non_blocking)
-
-
 def gather(tensor: Any) -> Any:
     """Concatenates tensors (or nested structures of them) from every process along dim 0."""
     return collectives.gather(tensor, PartialState().state)
@@ -156,64 +150,6 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pads tensors along `dim` to the largest size any process has, with `pad_index`."""
     return collectives.pad_across_processes(tensor, PartialState().state, dim, pad_index, pad_first)
-
-
-def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
-    """One pass of `dataloader` that starts after its first `num_batches` batches.
-
-    A prepared loader skips them without loading them (see `Accelerator.skip_first_batches`); a
-    plain map-style DataLoader becomes the same DataLoader over its batch sampler minus the first
-    batches, also without loading them; any other iterable is read and its first batches dropped.
-    """
-    from fittrain.data import PositionedSource, SkippedDataLoader, check_skip_count
-
-    check_skip_count(num_batches)
-
-    if isinstance(dataloader, (PositionedSource, SkippedDataLoader)):
-        return SkippedDataLoader(getattr(dataloader, "loader", dataloader), num_batches)
-    if isinstance(dataloader, DataLoader) and dataloader.batch_sampler is not None \
-            and not isinstance(dataloader.dataset, IterableDataset):
-        # The same loader over a batch sampler that drops its first batches: the order is drawn
-        # exactly as the original would draw it, and the skipped batches are never loaded.
-        return DataLoader(dataloader.dataset, batch_sampler=_SkipBatches(dataloader.batch_sampler, num_batches),
-                          num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn,
-                          pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
-                          worker_init_fn=dataloader.worker_init_fn, generator=dataloader.generator,
-                          multiprocessing_context=dataloader.multiprocessing_context,
-                          prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers)
-    return _SkipFirst(dataloader, num_batches)
-
-
-class _SkipBatches:
-    """A batch sampler without the first `num_batches` batches of `batch_sampler`."""
-
-    def __init__(self, batch_sampler: Any, num_batches: int) -> None:
-        self.batch_sampler = batch_sampler
-        self.num_batches = num_batches
-
-    def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.num_batches, 0)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for index, batch in enumerate(self.batch_sampler):
-            if index >= self.num_batches:
-                yield batch
-
-
-class _SkipFirst:
-    """One pass of any other iterable after its first batches (they are read, then dropped)."""
-
-    def __init__(self, loader: Any, num_batches: int) -> None:
-        self.loader = loader
-        self.num_batches = num_batches
-
-    def __len__(self) -> int:
-        return max(len(self.loader) - self.num_batches, 0)
-
-    def __iter__(self) -> Iterator[Any]:
-        for index, batch in enumerate(self.loader):
-            if index >= self.num_batches:
-                yield batch
 
 
 def find_executable_batch_size(function: Callable[..., Any] | None = None, starting_batch_size: int = 128,

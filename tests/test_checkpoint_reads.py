@@ -274,24 +274,6 @@ def test_another_mixed_precision_is_refused(tmp_path):
     assert_unchanged(before, fp16.live())
 
 
-def test_another_number_of_processes_is_refused_for_a_checkpoint_without_the_global_count(saved):
-    """A 2-process checkpoint of an earlier fittrain (its loaders did not count the epoch's order
-    consumed by all processes) cannot be dealt to 1 process. (tests/resume/test_elastic.py: what can.)"""
-    run, folder = saved
-    for name in (RNG, DATA):  # process 1's files, as a 2-process run would have written them
-        (folder / name.replace("_0", "_1")).write_bytes((folder / name).read_bytes())
-        rewrite_manifest(folder, name.replace("_0", "_1"))
-    damage(folder, META, with_item("num_processes", 2))
-    damage(folder, "data_states_1.pt", lambda states: [without("order_consumed")(states[0])])
-    before = run.live()
-    with pytest.raises(CheckpointError) as info:
-        run.acc.load_state(folder)
-    message = str(info.value)
-    assert "data_states_1.pt" in message and "saved by 2 processes, but this run has 1" in message
-    assert "earlier fittrain" in message and "Resume with 2 processes" in message
-    assert_unchanged(before, run.live())
-
-
 # ------------------------------------------------------------------ 3. hostile files never crash or block "latest"
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth

@@ -33,17 +33,14 @@ Load (`Accelerator.load_state`, `Trainer(resume_from=...)`):
                                RNG is derived; shards verified, each rank a share, on a thread)
     restore.apply_state        restore the live objects (shards: DCP reshards), RNG (`rng`) last
 
-Modules: naming (ProjectConfiguration, numbering, pruning, list_checkpoints); latest (which folder
-"latest" is); snapshot (what is saved; capture, write); restore (read, check, apply); checks
-(parsed contents against the live run); errors (CheckpointError and its subclasses); folder
-(atomic_checkpoint, manifest); reader (CheckpointReader, is_intact, JSON limits); fastio
-(CheckpointWriter, streamed checksummed files); crc (CRC32 on a second core); temp_folders
-(claimed temporary folders); renames (no-replace and exchange renames); background (async
-saves); rng (RNG capture and restore);
-model_io (save_model's safetensors weights, sharded in the Hugging Face layout); hooks
-(Accelerate's save/load pre-hooks); sharded (DCP shards: write, verify, read, whole_model);
-dcp_io (DCP's storage: raw chunks, JSON metadata, tensors only); arguments (checks of
-save_state/load_state/Checkpointer arguments); run_folders (the Trainer's one folder per run).
+Modules: naming, latest, run_folders (where checkpoints go, which is newest); snapshot, restore,
+checks, rng, hooks (what is saved, and how it is read back and checked); folder, fastio, reader,
+crc, temp_folders, renames, errors (the atomic verified folder); background (async saves);
+sharded, dcp_io (DCP shards); model_io, consolidate (safetensors weights); arguments (the checks
+of save_state/load_state/Checkpointer arguments).
+
+May import: `data.position` (the keys of a saved loader state), `distributed` (process state,
+teardown) and `common`. Never the Accelerator or the Trainer, which drive it.
 """
 
 from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError

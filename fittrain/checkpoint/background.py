@@ -19,15 +19,16 @@ import pathlib
 import threading
 import warnings
 import weakref
-from copy import copy as shallow_copy, deepcopy
+from copy import copy as shallow_copy
+from copy import deepcopy
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from fittrain.checkpoint.folder import no_barrier
 from fittrain.distributed.process_state import ProcessState, collective_timeout
 from fittrain.distributed.teardown import exiting_on_error
-from fittrain.checkpoint.folder import no_barrier
 
 
 class PendingCheckpoint:
@@ -140,7 +141,7 @@ class StagingBuffers:
 
     def _copy_node(self, obj: Any, devices: set[torch.device], copy_child: Callable[[Any], Any]) -> Any:
         if type(obj).__name__ == "DTensor":  # a sharded state: copy this rank's shard, keep its layout
-            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor import DTensor  # only once one is met: a slow import otherwise unneeded
 
             local = self._copy_tensor(obj.to_local().detach(), devices)
             return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
@@ -272,4 +273,5 @@ def _close_at_exit(owner: "weakref.ref[BackgroundCheckpoints]") -> None:
     try:
         checkpoints.close(wait=not (checkpoints._state.is_distributed and exiting_on_error()))
     except Exception as err:  # an atexit handler can only report
-        warnings.warn(f"fittrain: the background checkpoint write still in flight at exit failed: {err!r}")
+        warnings.warn(f"fittrain: the background checkpoint write still in flight at exit failed: {err!r}",
+                      stacklevel=1)  # at exit there is no caller to point at

@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import pathlib
 from typing import Any, Sequence
 
 import torch
 
-from fittrain.data import DataPosition
 from fittrain.checkpoint.errors import CheckpointError, CheckpointMismatchError
 from fittrain.checkpoint.rng import check_rng_state
+from fittrain.checkpoint.snapshot import POSITION_FIELDS
+from fittrain.common.checks import is_int
 from fittrain.common.reprs import short_repr
+from fittrain.data.position import STATE_KEYS
 
 _NEVER_LOADED = "Nothing was loaded."
 
 
 def _is_count(value: Any, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    return is_int(value) and value >= least
 
 
 def _file(path: pathlib.Path, entry: str | None) -> str:
@@ -58,15 +59,15 @@ def check_meta_fields(path: pathlib.Path, meta: Any) -> None:
         if not is_valid(meta.get(key)):
             raise _refuse(path, f"has no valid {key!r}. Received: {key}={short_repr(meta.get(key))}", damaged)
     for i, position in enumerate(meta["dataloaders"]):
-        _check_position(path, i, position, damaged)
+        _check_position(path, i, position, POSITION_FIELDS, damaged)
 
 
 def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
     """Checks accelerator_state.json's fields, and that this run can honour it.
 
     Another process count is allowed (an elastic resume) unless a data loader's position says it
-    cannot be dealt again (`order_consumed` null: a stream under way); positions that lack the
-    count (an earlier fittrain's) are judged on the per-process data states (`check_elastic_data`).
+    cannot be dealt again (`order_consumed` null: a stream under way); the per-process data states
+    are judged later (`check_elastic_data`).
 
     Args:
         path: The file, for messages.
@@ -81,7 +82,7 @@ def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
     check_meta_fields(path, meta)
     saved_n, live_n = meta["num_processes"], live["num_processes"]
     for i, position in enumerate(meta["dataloaders"] if saved_n != live_n else ()):
-        if "order_consumed" in position and position["order_consumed"] is None:
+        if position["order_consumed"] is None:
             raise _mismatch(path, f"was saved by {saved_n} processes, but this run has {live_n}, and its data loader "
                             f"{i} {_STREAM_UNDER_WAY.format(**position)}", _stream_fix(saved_n))
     saved_mp, live_mp = meta["mixed_precision"], live["mixed_precision"]
@@ -90,8 +91,8 @@ def check_meta(path: pathlib.Path, meta: Any, live: dict[str, Any]) -> None:
                         f"mixed_precision={live_mp!r}", f"Resume with mixed_precision={saved_mp!r}.")
 
 
-#: Fields of a position that checkpoints of earlier versions lack; checked when present.
-_LATER_FIELDS = {"start_items": 0, "start_batch": 0, "num_processes": 1, "order_consumed": 0}
+#: The least value of each int field (the seed: any int, which a user's sampler may draw).
+_LEAST = {"seed": None, "num_processes": 1}
 _STREAM_UNDER_WAY = ("reads a stream (a DataLoader over an IterableDataset) {batches_consumed} batches into epoch "
                      "{epoch}: each process read its own share of that pass, which cannot be dealt to another "
                      "number of processes")
@@ -102,20 +103,15 @@ def _stream_fix(saved_n: int) -> str:
             "(after the loop over it ended, before the next one starts).")
 
 
-def _check_position(path: pathlib.Path, index: int, position: Any, damaged: str) -> None:
-    """Checks one data loader's saved position: the fields of `DataPosition` are ints (those that
-    checkpoints of earlier versions lack, only when present), `order_consumed` an int or None."""
-    for field in dataclasses.fields(DataPosition):
-        if field.name in _LATER_FIELDS and not (isinstance(position, dict) and field.name in position):
-            continue
-        value = position.get(field.name) if isinstance(position, dict) else None
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if not is_int or (value < 0 and field.name != "seed"):  # a user's sampler may seed with any int
-            raise _refuse(path, f"has no valid {field.name!r} in the position of data loader {index}. "
-                          f"Received: {short_repr(position)}", damaged)
-    for name in ("num_processes", "order_consumed"):
-        value = position.get(name, _LATER_FIELDS[name])
-        if not (_is_count(value, _LATER_FIELDS[name]) or (value is None and name == "order_consumed")):
+def _check_position(path: pathlib.Path, index: int, position: Any, fields: Sequence[str], damaged: str) -> None:
+    """Checks one data loader's saved position: each of `fields` is there, an int of at least 0
+    (the seed any int, `num_processes` at least 1), but `order_consumed` may be None (a stream under way)."""
+    for name in fields:
+        value = position.get(name) if isinstance(position, dict) else None
+        least = _LEAST.get(name, 0)
+        valid = is_int(value) and (least is None or value >= least)
+        if not (valid or (name == "order_consumed" and isinstance(position, dict) and name in position
+                          and value is None)):
             raise _refuse(path, f"has no valid {name!r} in the position of data loader {index}. "
                           f"Received: {short_repr(position)}", damaged)
 
@@ -133,7 +129,7 @@ def check_data_states(path: pathlib.Path, states: Any, count: int, loaders: Sequ
         raise _refuse(path, f"must hold a list of {count} data loader states (as many as accelerator_state.json "
                       f"lists). Received: {short_repr(states)}", damaged)
     for i, state in enumerate(states):
-        _check_position(path, i, state, damaged)
+        _check_position(path, i, state, STATE_KEYS, damaged)
     for i, (state, loader) in enumerate(zip(states, loaders)):
         check = getattr(loader, "check_position", None)
         try:
@@ -150,7 +146,7 @@ def check_elastic_data(folder: pathlib.Path, states: Sequence[list[dict[str, Any
     Each loader's rest of the epoch is dealt again from the count of its order that all processes
     consumed (`order_consumed`), taken from process 0's state: every process must have recorded
     the same epoch and count (a loop whose processes did not run in step cannot be re-dealt), and
-    none may be a stream under way (null count) or come from a fittrain that did not record it.
+    none may be a stream under way (null count).
 
     Args:
         folder: The checkpoint folder, for messages.
@@ -165,10 +161,6 @@ def check_elastic_data(folder: pathlib.Path, states: Sequence[list[dict[str, Any
     for i, first in enumerate(states[0]):
         for rank, rank_states in enumerate(states):
             state, path = rank_states[i], folder / f"data_states_{rank}.pt"
-            if "order_consumed" not in state:
-                raise _mismatch(path, f"{counts}, and it does not count how much of the epoch's order data loader {i} "
-                                "consumed (a checkpoint of an earlier fittrain), which resuming on another number of "
-                                "processes needs", f"Resume with {saved_n} processes.")
             if state["order_consumed"] is None:
                 raise _mismatch(path, f"{counts}, and its data loader {i} {_STREAM_UNDER_WAY.format(**state)}",
                                 _stream_fix(saved_n))

@@ -22,7 +22,7 @@ from fittrain.checkpoint.model_io import parse_size, save_model_weights
 from fittrain.checkpoint.reader import CheckpointReader
 from fittrain.checkpoint.sharded import read_index, read_tensors, saved_indices, shard_files
 from fittrain.checkpoint.snapshot import indexed_name
-from fittrain.common.reprs import short_repr
+from fittrain.common.checks import check_non_negative_int
 
 
 def _placeholder(entry: Any) -> torch.Tensor:
@@ -33,12 +33,8 @@ def _placeholder(entry: Any) -> torch.Tensor:
 def _check_arguments(checkpoint: str | pathlib.Path, out: str | pathlib.Path, model: Any,
                      max_shard_size: int | str) -> None:
     """Refuses bad arguments before the checkpoint is read (which may take minutes)."""
-    if not isinstance(model, int) or isinstance(model, bool):
-        raise TypeError(f"`model` must be an int: which prepared model, in prepare() order. Received: model="
-                        f"{short_repr(model)} ({type(model).__name__}). Pass e.g. model=0.")
-    if model < 0:
-        raise ValueError(f"`model` must be an int of 0 or more: which prepared model, in prepare() order. Received: "
-                         f"model={model}. Pass e.g. model=0.")
+    check_non_negative_int("model", model, wanted="an int of 0 or more: which prepared model, in prepare() order",
+                           fix="Pass e.g. model=0.")
     parse_size(max_shard_size)
     path = pathlib.Path(out)
     source = pathlib.Path(checkpoint).resolve()

@@ -45,9 +45,9 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from fittrain.common.reprs import short_repr
 from fittrain.checkpoint.crc import crc32_beside
 from fittrain.checkpoint.errors import CheckpointError
+from fittrain.common.reprs import short_repr
 
 # DCP's metadata, as fittrain writes it beside the shard files (`sharded.METADATA_PATH`).
 METADATA_NAME = "metadata.json"

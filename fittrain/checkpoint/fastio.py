@@ -13,13 +13,13 @@ before the folder is renamed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pathlib
 import struct
 import sys
 import threading
-import contextlib
-import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 

@@ -19,14 +19,17 @@ import os
 import pathlib
 from collections.abc import Callable, Iterator
 
-from fittrain.checkpoint.errors import CheckpointError
 from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.errors import CheckpointError
 from fittrain.checkpoint.fastio import MANIFEST_NAME, CheckpointWriter
-from fittrain.checkpoint.renames import commit_replacing, fsync_dir as _fsync_dir, rename_noreplace
+from fittrain.checkpoint.renames import commit_replacing, rename_noreplace
+from fittrain.checkpoint.renames import fsync_dir as _fsync_dir
 from fittrain.checkpoint.temp_folders import (
     WRITER_MARKER,
     TempFolder,
     describe_owner,
+)
+from fittrain.checkpoint.temp_folders import (
     raise_if_no_space as _raise_if_no_space,
 )
 

@@ -21,9 +21,13 @@ from collections.abc import Callable, Mapping
 import safetensors.torch
 import torch
 
-from fittrain.checkpoint.errors import CheckpointError, brief as _brief
+from fittrain.checkpoint.errors import CheckpointError
+from fittrain.checkpoint.errors import brief as _brief
 from fittrain.checkpoint.fastio import saveable_tensors as _saveable_tensors
+from fittrain.checkpoint.reader import CheckpointReader
 from fittrain.checkpoint.renames import fsync_dir as _fsync_dir
+from fittrain.checkpoint.sharded import read_index, whole_model
+from fittrain.common.checks import is_int
 
 _SIZE_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
 _UNITS = types.MappingProxyType({
@@ -78,7 +82,7 @@ def parse_size(size: int | str, *, argument: str = "max_shard_size") -> int:
         ValueError: `size` is not a positive int or a string in this form.
     """
     count = 0
-    if isinstance(size, int) and not isinstance(size, bool):
+    if is_int(size):
         count = size
     elif isinstance(size, str) and (match := _SIZE_PATTERN.fullmatch(size)):
         unit = _UNITS[(match.group(2) or "b").lower()]
@@ -298,9 +302,6 @@ def load_model_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Ten
     # The shards/ folder, not its metadata.json, marks a sharded checkpoint: one whose metadata.json
     # was deleted must be refused by the reader (the manifest lists it), not searched for weights.
     if (folder / "shards").is_dir() and not (folder / _SAFETENSORS.single).exists():
-        from fittrain.checkpoint.reader import CheckpointReader
-        from fittrain.checkpoint.sharded import read_index, whole_model
-
         reader = CheckpointReader(folder)
         return whole_model(reader, read_index(reader))
     for family in (_SAFETENSORS, _PICKLE):

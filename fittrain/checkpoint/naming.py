@@ -19,10 +19,10 @@ import re
 import shutil
 from typing import Any, Callable, Iterable
 
-from fittrain.common.reprs import short_repr
 from fittrain.checkpoint.errors import CheckpointError
 from fittrain.checkpoint.run_folders import CHECKPOINTS_DIR, record_run_start
 from fittrain.checkpoint.temp_folders import TempFolder, raise_if_no_space, reserve_numbered
+from fittrain.common.checks import check_non_negative_int, check_positive_int
 
 PREFIX = "checkpoint_"
 
@@ -60,21 +60,15 @@ class ProjectConfiguration:
     _run_recorded: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        limit = self.total_limit
-        # A bool is an int to Python, but total_limit=True is a flag given where a count belongs.
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(
-                "`ProjectConfiguration(total_limit=...)` must be a positive int (the number of automatic "
-                f"checkpoints to keep) or None. Received: total_limit={short_repr(limit)}. Pass e.g. "
-                "total_limit=3 to keep the newest three, or None to keep all."
-            )
-        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int) or self.iteration < 0:
-            # A negative number names a folder (`checkpoint_-3`) that "latest" never finds.
-            raise ValueError(
-                "`ProjectConfiguration(iteration=...)` must be an int >= 0, the number of the next "
-                f"automatic checkpoint. Received: iteration={self.iteration!r:.80}. Pass 0 to start "
-                "from checkpoint_0 (existing checkpoints are never overwritten)."
-            )
+        check_positive_int(
+            "total_limit", self.total_limit, owner="ProjectConfiguration", optional=True,
+            wanted="a positive int (the number of automatic checkpoints to keep) or None",
+            fix="Pass e.g. total_limit=3 to keep the newest three, or None to keep all.")
+        # A negative number would name a folder (`checkpoint_-3`) that "latest" never finds.
+        check_non_negative_int(
+            "iteration", self.iteration, owner="ProjectConfiguration",
+            wanted="an int >= 0, the number of the next automatic checkpoint",
+            fix="Pass 0 to start from checkpoint_0 (existing checkpoints are never overwritten).")
         self.set_directories(self.project_dir)
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
@@ -200,7 +194,8 @@ def delete_checkpoints(root: pathlib.Path, names: Iterable[str]) -> None:
     _remove_stale_deletions(root)
     for name in names:
         if not is_checkpoint_name(name):
-            raise ValueError(f"delete_checkpoints() deletes only folders named '{PREFIX}{{i}}'. Received: {name!r:.80}.")
+            raise ValueError(f"delete_checkpoints() deletes only folders named '{PREFIX}{{i}}'. "
+                             f"Received: {name!r:.80}.")
         _delete_checkpoint(root / name)
 
 

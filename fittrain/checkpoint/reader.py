@@ -22,11 +22,13 @@ from typing import Any, BinaryIO, Iterable
 import safetensors.torch
 import torch
 
-from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, brief
-from fittrain.common.reprs import short_repr
 from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, brief
 from fittrain.checkpoint.fastio import MANIFEST_NAME, is_listed_name
 from fittrain.checkpoint.folder import MANIFEST_FORMAT, MANIFEST_VERSION
+from fittrain.common.checks import is_int
+from fittrain.common.nested import map_tensors
+from fittrain.common.reprs import short_repr
 
 # Limits for the JSON files of a checkpoint (the manifest, accelerator_state.json). Real ones are
 # tiny and three levels deep; the caps keep a hostile file from exhausting memory or the stack.
@@ -48,19 +50,11 @@ def _owned(obj: Any) -> Any:
     A tensor kept by a live object (an optimizer's state) must not keep its checkpoint file
     mapped: the file's disk space would stay used after `total_limit` deleted the folder.
     """
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        owned = {key: _owned(value) for key, value in obj.items()}
-        return owned if type(obj) is dict else type(obj)(owned)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_owned(value) for value in obj)
-    return obj
-
+    return map_tensors(torch.Tensor.clone, obj)
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def _json_depth(value: Any) -> int:

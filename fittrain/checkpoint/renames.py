@@ -105,7 +105,7 @@ def commit_replacing(temp: pathlib.Path, final: pathlib.Path) -> None:
     old = final.parent / f".{final.name}.old"
     if final.is_dir():
         # A leftover `.old` beside an existing final folder is from an interrupted fallback
-        # swap whose new folder did land (or from an older version), so it is garbage.
+        # swap whose new folder did land, so it is garbage.
         shutil.rmtree(old, ignore_errors=True)
     try:
         rename_noreplace(temp, final)

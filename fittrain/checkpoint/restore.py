@@ -16,7 +16,15 @@ from fittrain.checkpoint import checks
 from fittrain.checkpoint.errors import CheckpointError, CheckpointMismatchError
 from fittrain.checkpoint.reader import CheckpointReader
 from fittrain.checkpoint.rng import derive_rank_state, restore_rng_state
-from fittrain.checkpoint.sharded import VALUES_NAME, ShardCheck, check_against, merge_values, read_index, saved_indices, split_tensors
+from fittrain.checkpoint.sharded import (
+    VALUES_NAME,
+    ShardCheck,
+    check_against,
+    merge_values,
+    read_index,
+    saved_indices,
+    split_tensors,
+)
 from fittrain.checkpoint.snapshot import META_NAME, StateParts, indexed_name
 
 
@@ -62,9 +70,8 @@ def _read_data_states(reader: CheckpointReader, processes: int, rank: int, count
         if not reader.has(name):
             raise CheckpointError(
                 f"Checkpoint {reader.path} has no {name}, which holds where each data loader of process {i} stands; "
-                "without it the data cannot continue exactly. Nothing was loaded. The checkpoint is damaged or was "
-                "written by an earlier fittrain, before loaders saved their state per process; load another one, or "
-                "load only its weights with "
+                "without it the data cannot continue exactly. Nothing was loaded. The checkpoint is damaged or was not "
+                "written by save_state; load another one, or load only its weights with "
                 "fittrain.checkpoint.load_model_weights.")
         states = reader.read_torch(name)
         checks.check_data_states(reader.path / name, states, count, loaders)
@@ -231,9 +238,10 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
     Schedulers, registered objects and data loaders load first, all or none: their own
     load_state_dict may still refuse a state that `read_state` could not judge, and then the ones
     already loaded get their previous state back and `CheckpointError` names the file, before any
-    model, optimizer or RNG is touched. What follows was fully checked by `read_state`. Models and optimizers load through
-    callables, which reshard full states under FSDP2; a sharded checkpoint's through `load_shards`
-    (given `read_state`'s index and the live sharded states it checked; DCP reshards).
+    model, optimizer or RNG is touched. What follows was fully checked by `read_state`. Models and
+    optimizers load through callables, which reshard full states under FSDP2; a sharded
+    checkpoint's through `load_shards` (given `read_state`'s index and the live sharded states it
+    checked; DCP reshards).
     """
     names = loaded["names"]
     # Across process counts every rank continues from process 0's loader states.

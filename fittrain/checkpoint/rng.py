@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from fittrain.common.checks import is_int
 from fittrain.common.reprs import short_repr
 
 
@@ -48,19 +49,15 @@ def _numpy_state(state: dict[str, Any]) -> tuple[Any, ...]:
             state["numpy_has_gauss"], state["numpy_gauss"])
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 _FIELDS: tuple[tuple[str, Callable[[Any], bool]], ...] = tuple({
-    "python_version": _is_int,
+    "python_version": is_int,
     "python_state": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.dim() == 1,
     "python_gauss": lambda v: v is None or isinstance(v, float),
     "numpy_kind": lambda v: isinstance(v, str),
     "numpy_keys": lambda v: (isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.shape == (624,)
                              and bool(((v >= 0) & (v < 2**32)).all())),
-    "numpy_pos": lambda v: _is_int(v) and 0 <= v <= 624,  # NumPy's set_state does not check the position
-    "numpy_has_gauss": lambda v: v in (0, 1) and _is_int(v),
+    "numpy_pos": lambda v: is_int(v) and 0 <= v <= 624,  # NumPy's set_state does not check the position
+    "numpy_has_gauss": lambda v: v in (0, 1) and is_int(v),
     "numpy_gauss": lambda v: isinstance(v, float),
     "torch": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8,
     "cuda": lambda v: isinstance(v, (list, tuple)) and all(

@@ -16,6 +16,7 @@ import pathlib
 import re
 
 from fittrain.checkpoint.renames import fsync_dir
+from fittrain.common.checks import is_int
 
 CHECKPOINTS_DIR = "checkpoints"
 RUN_FILE = "run.json"
@@ -33,7 +34,7 @@ def read_start(run_dir: pathlib.Path) -> int:
         value = json.loads(raw).get("start") if len(raw) <= _MAX_RUN_FILE else None
     except (OSError, ValueError, AttributeError, RecursionError):
         return -1
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+    return value if is_int(value) and value >= 0 else -1
 
 
 def run_folders(root: pathlib.Path) -> list[pathlib.Path]:

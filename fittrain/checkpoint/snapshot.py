@@ -40,7 +40,7 @@ from fittrain.checkpoint.temp_folders import TempFolder
 
 # The step counter, data positions and process count; read first on load: it says whether a run can resume.
 META_NAME = "accelerator_state.json"
-# The fields of `fittrain.data.DataPosition`, which accelerator_state.json lists per loader.
+# The fields of each loader's position that accelerator_state.json lists (readable without torch).
 POSITION_FIELDS = ("seed", "epoch", "batches_consumed", "order_consumed")
 
 

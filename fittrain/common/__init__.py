@@ -4,7 +4,7 @@ Holds:
     reprs          `short_repr`: a received value, shortened, for error messages
     checks         argument checks that name the argument, the value received and the fix:
                    `check_positive_int`, `check_non_negative_int`, `check_positive_number`,
-                   `check_bool`, `check_choice` (and `describe_choices`), raising ValueError or
+                   `check_bool`, `check_choice` (and `describe_choices`, `is_int`), raising ValueError or
                    `ArgumentTypeError` (a TypeError and a ValueError)
     nested         the one walker over nested tensors (dicts, lists, tuples, namedtuples,
                    dataclasses on request): `map_tensors`, `iter_tensors`, `is_tensor_tree`

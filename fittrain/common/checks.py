@@ -36,8 +36,11 @@ def _refuse(error: type[Exception], name: str, value: Any, owner: str | None, wa
     return error(f"{message} {fix}" if fix else message)
 
 
-def _is_int(value: Any) -> bool:
-    # A bool is an int to Python, but True given where a count belongs is a flag in the wrong place.
+def is_int(value: Any) -> bool:
+    """Whether `value` is an int and not a bool (for checks that test, such as of a loaded file's fields).
+
+    A bool is an int to Python, but True given where a count belongs is a flag in the wrong place.
+    """
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -61,7 +64,7 @@ def check_positive_int(name: str, value: Any, *, owner: str | None = None, optio
     if value is None and optional:
         return None
     wanted = wanted or ("a positive integer or None" if optional else "a positive integer")
-    if not _is_int(value):
+    if not is_int(value):
         raise _refuse(ArgumentTypeError, name, value, owner, wanted, fix)
     if value < 1:
         raise _refuse(ValueError, name, value, owner, wanted, fix)
@@ -81,7 +84,7 @@ def check_non_negative_int(name: str, value: Any, *, owner: str | None = None, o
     if value is None and optional:
         return None
     wanted = wanted or ("a non-negative integer or None" if optional else "a non-negative integer")
-    if not _is_int(value):
+    if not is_int(value):
         raise _refuse(ArgumentTypeError, name, value, owner, wanted, fix)
     if value < 0:
         raise _refuse(ValueError, name, value, owner, wanted, fix)
@@ -101,7 +104,7 @@ def check_positive_number(name: str, value: Any, *, owner: str | None = None, op
     if value is None and optional:
         return None
     wanted = wanted or ("a positive number or None" if optional else "a positive number")
-    if not (_is_int(value) or isinstance(value, float)):
+    if not (is_int(value) or isinstance(value, float)):
         raise _refuse(ArgumentTypeError, name, value, owner, wanted, fix)
     if math.isnan(value) or value <= 0:
         raise _refuse(ValueError, name, value, owner, wanted, fix)

@@ -22,10 +22,10 @@ from typing import Any, Iterator
 
 import torch
 
-from fittrain.distributed.gradient_state import GradientState
 from fittrain.data.dealing import BatchDealer
 from fittrain.data.devices import batch_size_of
 from fittrain.data.position import DataPosition, PositionedSource
+from fittrain.distributed.gradient_state import GradientState
 
 
 def check_batches(batches: Any, name: str) -> None:

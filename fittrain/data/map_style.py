@@ -34,12 +34,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from fittrain.distributed.gradient_state import GradientState
-from fittrain.data.dealing import BatchDealer, SampleDealer
+from fittrain.common.checks import is_int
 from fittrain.common.reprs import short_repr
+from fittrain.data.dealing import BatchDealer, SampleDealer
 from fittrain.data.order import EpochOrder, draws_randomly
 from fittrain.data.position import DataPosition, PositionedSource
 from fittrain.data.workers import SeededBatch, SeededKey, WorkerSeededDataset, init_worker, mix_seed
+from fittrain.distributed.gradient_state import GradientState
 
 
 class _PassBatches:
@@ -318,4 +319,4 @@ class DataLoaderShard(PositionedSource):
         self._set_position(loaded)
         consumed = state.get("order_consumed")
         self._pass_items = None
-        self._loaded_consumed = consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
+        self._loaded_consumed = consumed if is_int(consumed) else None

@@ -34,8 +34,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from fittrain.data.seedable import seedable_samplers
+from fittrain.common.checks import is_int
 from fittrain.common.reprs import short_repr
+from fittrain.data.seedable import seedable_samplers
 
 #: What a capture holds besides the RNG states, saved in checkpoints (weights_only).
 _FIELDS = ("epoch", "base_seed", "drew_base_seed")
@@ -152,10 +153,8 @@ class EpochOrder:
 
     def load_state_dict(self, state: Any) -> None:
         """Restores the generators and samplers, and the capture that a later pass with skip > 0
-        in its epoch replays. None (a checkpoint from before captures existed) restores nothing."""
+        in its epoch replays."""
         check_order_state(state, len(self.generators), sorted(self.samplers))
-        if state is None:
-            return
         self._set_parts(state)
         self.captured = state["pass"]
         if self.persistent and self.captured is not None:
@@ -182,7 +181,7 @@ def _pass_problem(capture: Any, generators: int, samplers: list[str]) -> str | N
     if not isinstance(capture, dict):
         return f"its 'pass' must be a dict or None. Received: {type(capture).__name__}"
     ints = [capture.get(k) for k in _FIELDS[:2]]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+    if not all(is_int(v) for v in ints):
         return f"its pass {list(_FIELDS[:2])} must be ints. Received: {short_repr(ints)}"
     if not isinstance(capture.get("drew_base_seed"), bool) or not _is_rng_state(capture.get("rng")):
         return "its pass 'drew_base_seed' must be a bool and its 'rng' a torch RNG state (uint8 tensor)"
@@ -194,14 +193,12 @@ def check_order_state(state: Any, generators: int, samplers: list[str]) -> None:
     loader can restore.
 
     Args:
-        state: A saved `EpochOrder.state_dict()`, or None (a checkpoint saved before it existed).
+        state: A saved `EpochOrder.state_dict()`.
         generators: How many generators the live loader has.
         samplers: The names of its samplers that have their own state.
     """
-    if state is None:
-        return
     if not isinstance(state, dict):
-        problem: str | None = f"it must be a dict or None. Received: {type(state).__name__}"
+        problem: str | None = f"it must be a dict. Received: {type(state).__name__}"
     else:
         problem = _parts_problem(state, generators, samplers)
         if problem is None and state.get("pass") is not None:

@@ -17,8 +17,9 @@ from typing import Any, Iterator
 
 import torch
 
-from fittrain.distributed.gradient_state import GradientState
+from fittrain.common.checks import is_int
 from fittrain.data.devices import send_to_device
+from fittrain.distributed.gradient_state import GradientState
 
 
 @dataclasses.dataclass
@@ -47,6 +48,10 @@ class DataPosition:
     def begin_epoch(self, epoch: int) -> None:
         """Moves to the start of `epoch` (a whole pass, dealt from its first item)."""
         self.epoch, self.batches_consumed, self.start_items, self.start_batch = epoch, 0, 0, 0
+
+
+#: What `PositionedSource.state_dict()` holds besides a source's own parts (checkpoints check it).
+STATE_KEYS = (*(field.name for field in dataclasses.fields(DataPosition)), "num_processes", "order_consumed")
 
 
 def resume_start_batch(items: int, per_round: int) -> int:
@@ -168,7 +173,8 @@ class PositionedSource:
         epoch, whose rest is dealt to this run's processes (see the module docstring).
 
         Raises:
-            ValueError: for a state of another number of processes that has no `order_consumed`.
+            ValueError: for a state that lacks one of `STATE_KEYS` or lies past the end of an epoch,
+                or one of another number of processes whose `order_consumed` is None (a stream under way).
         """
         self._set_position(self._position_from(state))
 
@@ -177,7 +183,8 @@ class PositionedSource:
         return None
 
     def check_position(self, state: dict[str, Any]) -> None:
-        """Raises ValueError when a saved state's position lies past the end of this loader's epoch.
+        """Raises ValueError when a saved state lacks one of `STATE_KEYS`, or its position lies past
+        the end of this loader's epoch.
 
         A checkpoint is checked with it before anything is loaded (`checkpoint.checks`), so a
         damaged data-state file is refused instead of leaving a loader at batch 10**9. On the number
@@ -188,14 +195,18 @@ class PositionedSource:
         Args:
             state: A `state_dict()` whose fields have the right types (ints; order_consumed may be None).
         """
+        missing = [name for name in STATE_KEYS if name not in state]
+        if missing:
+            raise ValueError(f"The loader state has no {', '.join(missing)}. Received keys: {sorted(state)}. Load a "
+                             "state_dict() that a prepared loader returned.")
         items = self._epoch_items()
         if items is None:
             return
-        start_items = int(state.get("start_items", 0))
-        if int(state.get("num_processes", self.num_processes)) == self.num_processes:
-            most = int(state.get("start_batch", 0)) + -(-max(items - start_items, 0) // self._items_per_round())
+        start_items = int(state["start_items"])
+        if int(state["num_processes"]) == self.num_processes:
+            most = int(state["start_batch"]) + -(-max(items - start_items, 0) // self._items_per_round())
         else:
-            most = int(state.get("start_batch", 0)) + items
+            most = int(state["start_batch"]) + items
         bounds = {"order_consumed": items, "start_items": items, "start_batch": items, "batches_consumed": most}
         for name, limit in bounds.items():
             value = state.get(name)
@@ -208,13 +219,13 @@ class PositionedSource:
     def _position_from(self, state: dict[str, Any]) -> DataPosition:
         """The position `state` puts this rank at (see `load_state_dict`); changes nothing."""
         self.check_position(state)
-        saved = int(state.get("num_processes", self.num_processes))  # absent before elastic resume
+        saved = int(state["num_processes"])
         seed, epoch = int(state["seed"]), int(state["epoch"])
         if saved == self.num_processes:
-            return DataPosition(seed, epoch, int(state["batches_consumed"]), int(state.get("start_items", 0)),
-                                int(state.get("start_batch", 0)))
-        items = state.get("order_consumed")
-        if not isinstance(items, int) or isinstance(items, bool):
+            return DataPosition(seed, epoch, int(state["batches_consumed"]), int(state["start_items"]),
+                                int(state["start_batch"]))
+        items = state["order_consumed"]
+        if not is_int(items):
             raise ValueError(
                 f"The loader state was saved by {saved} processes and this run has {self.num_processes}, but it "
                 f"does not say how much of the epoch's order was consumed (order_consumed={items!r}), so the rest "

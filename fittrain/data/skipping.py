@@ -1,31 +1,34 @@
-"""`skip_first_batches`: one pass of a prepared loader that starts after its first batches."""
+"""`skip_first_batches`: one pass of a loader that starts after its first batches.
+
+A prepared loader (`SkippedDataLoader`) and a plain map-style DataLoader skip them without loading
+them; any other iterable is read and its first batches dropped.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from fittrain.common.reprs import short_repr
+from torch.utils.data import DataLoader, IterableDataset
+
+from fittrain.common.checks import check_non_negative_int
 from fittrain.data.map_style import DataLoaderShard
+from fittrain.data.position import PositionedSource
 
 
 def check_skip_count(num_batches: Any) -> int:
     """Returns `num_batches` when it is a count of batches to skip (an int >= 0).
 
-    The one check of `skip_first_batches`' count: the Accelerator's method, `fittrain.utils`' function
+    The one check of `skip_first_batches`' count: the Accelerator's method, the function below
     and `SkippedDataLoader` all refuse a bad count with it, at the call.
 
     Raises:
-        TypeError: for anything but an int (a bool, a str such as "3", a float such as 1.5).
+        ArgumentTypeError: (a TypeError) for anything but an int (a bool, a str such as "3", a float).
         ValueError: for a negative int.
     """
-    if isinstance(num_batches, bool) or not isinstance(num_batches, int):
-        raise TypeError(f"`num_batches` must be a non-negative integer. Received: "
-                        f"num_batches={short_repr(num_batches)} (type {type(num_batches).__name__}). Pass the number "
-                        "of batches to skip as an int, such as loader.position.batches_consumed after load_state().")
-    if num_batches < 0:
-        raise ValueError(f"`num_batches` must be a non-negative integer. Received: num_batches={num_batches}. Pass the "
-                         "number of batches to skip, 0 or more, such as loader.position.batches_consumed.")
-    return num_batches
+    return check_non_negative_int("num_batches", num_batches, fix=(
+        "Pass the number of batches to skip, 0 or more, as an int, such as loader.position.batches_consumed "
+        "after load_state()."))
 
 
 class SkippedDataLoader:
@@ -52,3 +55,58 @@ class SkippedDataLoader:
         if name == "loader":
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """One pass of `dataloader` that starts after its first `num_batches` batches.
+
+    A prepared loader skips them without loading them (see `Accelerator.skip_first_batches`); a
+    plain map-style DataLoader becomes the same DataLoader over its batch sampler minus the first
+    batches, also without loading them; any other iterable is read and its first batches dropped.
+    """
+    check_skip_count(num_batches)
+    if isinstance(dataloader, (PositionedSource, SkippedDataLoader)):
+        return SkippedDataLoader(getattr(dataloader, "loader", dataloader), num_batches)
+    if isinstance(dataloader, DataLoader) and dataloader.batch_sampler is not None \
+            and not isinstance(dataloader.dataset, IterableDataset):
+        # The same loader over a batch sampler that drops its first batches: the order is drawn
+        # exactly as the original would draw it, and the skipped batches are never loaded.
+        return DataLoader(dataloader.dataset, batch_sampler=_SkipBatches(dataloader.batch_sampler, num_batches),
+                          num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn,
+                          pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
+                          worker_init_fn=dataloader.worker_init_fn, generator=dataloader.generator,
+                          multiprocessing_context=dataloader.multiprocessing_context,
+                          prefetch_factor=dataloader.prefetch_factor, persistent_workers=dataloader.persistent_workers)
+    return _SkipFirst(dataloader, num_batches)
+
+
+class _SkipBatches:
+    """A batch sampler without the first `num_batches` batches of `batch_sampler`."""
+
+    def __init__(self, batch_sampler: Any, num_batches: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.num_batches, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.num_batches:
+                yield batch
+
+
+class _SkipFirst:
+    """One pass of any other iterable after its first batches (they are read, then dropped)."""
+
+    def __init__(self, loader: Any, num_batches: int) -> None:
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return max(len(self.loader) - self.num_batches, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, batch in enumerate(self.loader):
+            if index >= self.num_batches:
+                yield batch

@@ -34,12 +34,12 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from fittrain.distributed.gradient_state import GradientState
 from fittrain.data.devices import send_to_device
 from fittrain.data.position import DataPosition, PositionedSource
 from fittrain.data.stream_state import has_state, shards_by_rank, state_is_exact
 from fittrain.data.stream_workers import RankStream, StreamItem, StreamLayout, keep_as_is
 from fittrain.data.workers import init_worker, mix_seed
+from fittrain.distributed.gradient_state import GradientState
 
 
 def _fresh_pass(workers: int, base_seed: int = 0) -> dict[str, Any]:

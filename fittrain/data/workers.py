@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from fittrain.distributed.preemption import ignore_preemption_signals
+
 _SEED_MODULUS = 2**63 - 1
 
 
@@ -77,8 +79,6 @@ class WorkerSeededDataset(torch.utils.data.Dataset):
 def init_worker(user_init: Any, worker_id: int) -> None:
     """Makes a worker outlive a preemption signal sent to the whole process group, so the
     Trainer can finish its step and save; the worker still exits with its parent."""
-    from fittrain.distributed.preemption import ignore_preemption_signals
-
     ignore_preemption_signals(worker_id)
     if user_init is not None:
         user_init(worker_id)

@@ -10,8 +10,8 @@ A tracker is a `GeneralTracker` (Accelerate's shape): `name`, `requires_logging_
     "wandb"        WandBTracker        wandb.init(project=...)   pip install fittrain[wandb]
     "mlflow"       MLflowTracker       an MlflowClient run       pip install fittrain[mlflow]
 
-`log_with` takes "all" (as in Accelerate: those of tensorboard, wandb and mlflow that are installed), a name, a `LoggerType`, a
-tracker instance, or a list of these (`registry.resolve_trackers`). Two users:
+`log_with` takes "all" (as in Accelerate: those of tensorboard, wandb and mlflow that are installed),
+a name, a `LoggerType`, a tracker instance, or a list of these (`registry.resolve_trackers`). Two users:
 
     Accelerator(log_with=["tensorboard", "csv"], project_dir="runs/a")   a custom loop
         accelerator.init_trackers("exp1", config={"lr": 3e-4})           -> runs/a/exp1/
@@ -28,7 +28,10 @@ drop, what the interrupted run wrote after its checkpoint, which the resumed run
 Modules: base (GeneralTracker, NoOpTracker, RunInfo, value checks); tensorboard (EventWriter:
 one event per logging point; TensorBoardTracker); files (CSVTracker, JSONLTracker); external
 (WandBTracker, MLflowTracker, imported lazily); registry (LoggerType, resolve_trackers,
-open_trackers); runs (run names, the Trainer's hyperparameters).
+open_trackers); runs (run names).
+
+May import: `common` only. The Accelerator (`accelerator.tracking`) and the Trainer's Logger open
+and feed trackers; trackers know neither.
 """
 
 from fittrain.trackers.base import GeneralTracker, NoOpTracker, RunInfo

@@ -96,8 +96,8 @@ class MLflowTracker(GeneralTracker):
 
     def __init__(self, experiment_name: str, logging_dir: str | os.PathLike | None = None, run_id: str | None = None,
                  tags: dict[str, Any] | None = None, run_name: str | None = None, resume: bool = False) -> None:
-        import_package("mlflow")
-        from mlflow.tracking import MlflowClient
+        import_package("mlflow")  # names the extra to install when mlflow is missing
+        from mlflow.tracking import MlflowClient  # an optional extra: imported only for this tracker
 
         self.client = MlflowClient(tracking_uri=None if logging_dir is None else os.fspath(logging_dir))
         experiment = self.client.get_experiment_by_name(experiment_name)
@@ -123,7 +123,7 @@ class MLflowTracker(GeneralTracker):
         return self.client.get_run(self.run_id)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # an optional extra, as in __init__
 
         hparams = hparams_of(values, "MLflowTracker")
         params = [Param(name, str(value)[:MLFLOW_PARAM_LIMIT]) for name, value in hparams.items()]
@@ -137,7 +137,7 @@ class MLflowTracker(GeneralTracker):
         self.log_scalars(numbers, 0 if step is None else int(step))
 
     def log_scalars(self, scalars: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # an optional extra, as in __init__
 
         stamp = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, step) for k, v in scalars.items()])

@@ -168,6 +168,7 @@ class TensorBoardTracker(GeneralTracker):
 def _hparams_summary(hparams: dict[str, bool | int | float | str]) -> Any:
     """The hparams plugin's session-start summary, built from its protos directly (the plugin's
     own `summary_v2.hparams_pb` would import a tensor library stub worth a quarter second)."""
+    # Imported on use, as in EventWriter: tensorboard is slow to import, and optional.
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -190,6 +191,7 @@ def _hparams_summary(hparams: dict[str, bool | int | float | str]) -> Any:
 
 def _text_summary(texts: dict[str, str]) -> Any:
     """Strings as text-plugin summaries (what `SummaryWriter.add_text` writes)."""
+    # Imported on use, as in EventWriter: tensorboard is slow to import, and optional.
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorboard.plugins.text import plugin_data_pb2
 

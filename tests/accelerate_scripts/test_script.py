@@ -47,10 +47,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fittrain import Accelerator
+from fittrain.accelerator.prepare_data import prepare_data_loader
 from fittrain.data.seedable import SeedableRandomSampler
-from fittrain.data import prepare_data_loader
 from fittrain.state import AcceleratorState
-from regression import RegressionDataset, RegressionModel, are_the_same_tensors
 from fittrain.utils import (
     DataLoaderConfiguration,
     DistributedType,
@@ -66,7 +65,7 @@ from fittrain.utils import (
     set_seed,
     synchronize_rng_states,
 )
-
+from regression import RegressionDataset, RegressionModel, are_the_same_tensors
 
 if is_hpu_available():
     ATOL = 1e-3
