@@ -413,10 +413,6 @@ class Accelerator(ProcessMethods, CompatMethods):
         See `Checkpointing.register_load_state_pre_hook`."""
         return self.checkpointing.register_load_state_pre_hook(hook)
 
-    def _restore_weights(self, folder: str | os.PathLike, model: nn.Module) -> None:
-        # Transitional: callbacks/checkpointer.py calls this until it calls checkpointing.restore_weights.
-        self.checkpointing.restore_weights(folder, model)
-
     # ----------------------------------------------------------------- trackers (`Tracking`)
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
