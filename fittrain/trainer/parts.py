@@ -25,15 +25,6 @@ if TYPE_CHECKING:
     from fittrain.trainer.module import TrainModule
 
 
-def check_count(name: str, value: Any, optional: bool = False) -> Any:
-    """A positive integer argument (None allowed when `optional`): `fittrain.common.checks.check_positive_int`.
-
-    Raises:
-        ValueError: naming the argument and the value received.
-    """
-    return check_positive_int(name, value, optional=optional)
-
-
 def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[int | None, int | None]:
     """Checks `val_every_n_epochs` and `val_every_n_steps`, which are exclusive.
 
@@ -44,8 +35,8 @@ def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[
     Raises:
         ValueError: for a value that is not a positive integer, or for both given.
     """
-    every_n_epochs = check_count("val_every_n_epochs", every_n_epochs, optional=True)
-    every_n_steps = check_count("val_every_n_steps", every_n_steps, optional=True)
+    every_n_epochs = check_positive_int("val_every_n_epochs", every_n_epochs, optional=True)
+    every_n_steps = check_positive_int("val_every_n_steps", every_n_steps, optional=True)
     if every_n_epochs is not None and every_n_steps is not None:
         raise ValueError(
             "`val_every_n_epochs` and `val_every_n_steps` cannot both be set: validation runs either at the end of "

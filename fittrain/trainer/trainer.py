@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from fittrain.accelerator.accelerator import Accelerator
 from fittrain.checkpoint.naming import ProjectConfiguration
+from fittrain.common.checks import check_positive_int
 from fittrain.data import check_batches
 from fittrain.distributed.parallel import check_strategy
 from fittrain.distributed.preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
@@ -32,7 +33,6 @@ from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimiz
 from fittrain.trainer.parts import (
     StepRunner,
     check_accelerator,
-    check_count,
     check_loader,
     check_path,
     check_validation_interval,
@@ -91,8 +91,8 @@ class Trainer:
                  accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
                  val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False,
                  run_name: str | None = None) -> None:
-        self.max_epochs = check_count("max_epochs", max_epochs, optional=True)
-        self.max_steps = check_count("max_steps", max_steps, optional=True)
+        self.max_epochs = check_positive_int("max_epochs", max_epochs, optional=True)
+        self.max_steps = check_positive_int("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
             self.max_epochs = 1
         self.val_every_n_epochs, self.val_every_n_steps = check_validation_interval(val_every_n_epochs,
@@ -138,7 +138,7 @@ class Trainer:
 
     def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
         return Accelerator(
-            gradient_accumulation_steps=check_count("gradient_accumulation_steps", gradient_accumulation_steps),
+            gradient_accumulation_steps=check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps),
             strategy=check_strategy(strategy),
             project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
                                                 automatic_checkpoint_naming=True))
@@ -186,8 +186,7 @@ class Trainer:
                         fire(Event.TRAIN_BATCH_END)
                         if stop or self._steps_done():  # a mid-epoch stop ends the epoch on every process alike
                             break
-                        if self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator,
-                                                                                           state.global_step):
+                        if self._preempted():  # a signal came: finish this step, save, exit 75
                             self._save_and_exit()
                     if self._validates_at_epoch_end(state.epoch):
                         self._validate(self.val_loader)
@@ -231,6 +230,11 @@ class Trainer:
         # One collective per validation, never per step: the main process's decision wins.
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
         return self.state.should_stop
+
+    def _preempted(self) -> bool:
+        """Whether to save and exit now: a preemption signal came, and an optimizer step just ended."""
+        return self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator,
+                                                                               self.state.global_step)
 
     def _save_and_exit(self) -> None:
         try:
