@@ -345,6 +345,7 @@ if sys.argv[2] == "raise":
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("ending", ["normal", "raise"])
 def test_a_one_process_script_that_ends_during_an_async_write_still_lands_it(tmp_path, ending):
     import subprocess

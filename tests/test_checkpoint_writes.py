@@ -77,6 +77,7 @@ def _start_writer(script: pathlib.Path, project: pathlib.Path, go: pathlib.Path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.subprocess
 def test_two_processes_saving_into_one_project_never_share_a_checkpoint(tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(WRITER_SCRIPT)
@@ -129,6 +130,7 @@ def _claim_in_a_process_that_exits(temp: pathlib.Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=PROCESS_TIMEOUT, cwd=REPO)
 
 
+@pytest.mark.subprocess
 def test_a_dead_writers_temporary_folder_is_cleaned_up_and_its_number_reused(tmp_path):
     _claim_in_a_process_that_exits(tmp_path / ".checkpoint_0.tmp")
     assert (tmp_path / ".checkpoint_0.tmp" / "optimizer.pt").exists()

@@ -157,6 +157,7 @@ def test_compile_applies_to_a_given_accelerator_and_refuses_a_conflict() -> None
         Trainer(accelerator=Accelerator(cpu=True, dynamo_backend="eager"), compile={"mode": "max-autotune"})
 
 
+@pytest.mark.subprocess
 def test_no_compile_never_imports_dynamo() -> None:
     code = ("import sys, torch, fittrain\n"
             "from torch import nn\n"
@@ -322,6 +323,7 @@ def test_an_interrupted_compiled_run_resumes_bitwise_exactly(tmp_path: pathlib.P
     check_exact_resume(tmp_path, "aot_eager")
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_exact_resume_with_inductor(tmp_path: pathlib.Path) -> None:
     """The only test with inductor, the default backend, which generates and builds C++ (slow)."""

@@ -489,6 +489,7 @@ def run_two_processes(script: pathlib.Path, *args: str, timeout: float = 240.0) 
     return output
 
 
+@pytest.mark.subprocess
 def test_two_processes_step_a_plateau_alike_on_a_metric_that_differs_between_them(tmp_path):
     script = tmp_path / "plateau_worker.py"
     script.write_text(PLATEAU_WORKER)

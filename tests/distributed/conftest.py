@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from jobs import fittrain_launch, load_script, read_results, run, torchrun
+from jobs import fittrain_launch, forked, load_script, read_results, run
 
 
 @pytest.fixture(scope="session")
@@ -51,5 +51,5 @@ def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def fsdp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """scripts/fsdp_worker.py on 2 processes, through plain torchrun."""
     out = tmp_path_factory.mktemp("fsdp")
-    job = run(torchrun(2, "fsdp_worker.py", "--out", str(out))).check()
+    job = run(forked(2, "fsdp_worker.py", "--out", str(out))).check()
     return {"job": job, "ranks": read_results(out, 2), "out": out}

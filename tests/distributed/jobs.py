@@ -1,7 +1,10 @@
 """Helpers that run real multi-process jobs on gloo, on the CPU, and read back what each rank saw.
 
-Nothing is mocked: every job is a `torchrun` (or `fittrain launch`) subprocess whose workers
-join a real process group. Each job gets a free port and a deadline, and a job that overruns is
+Nothing is mocked: every job's workers are real processes that join a real process group. Jobs
+about launching run `torchrun` or `fittrain launch` (`torchrun`, `fittrain_launch`); jobs about
+the library's behaviour fork their ranks from a process with torch already imported (`forked`,
+see tests/support/ranks.py), which saves each rank the seconds of importing torch.
+Each job gets a free port and a deadline, and a job that overruns is
 killed with its whole process group, so a broken collective fails a test instead of hanging it.
 
 This module has a name of its own (not conftest) so test modules can import it unambiguously.
@@ -25,6 +28,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from support import ranks as forked_ranks
 
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
 #: Longest a job may run before it is killed; generous, because the machine may be shared.
@@ -130,13 +135,38 @@ def _with_new_port(args: list[str]) -> list[str]:
     return [str(free_port()) if i and args[i - 1] in _PORT_FLAGS else arg for i, arg in enumerate(args)]
 
 
-def run(args: list[str], env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT) -> Finished:
-    """Runs one job to the end (see `finish`).
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """A job of `nproc` ranks of `script` forked with torchrun's environment (see `forked`)."""
+
+    nproc: int
+    script: pathlib.Path
+    args: tuple[str, ...]
+
+
+def forked(nproc: int, script: str, *script_args: str) -> Ranks:
+    """`nproc` ranks running a script in scripts/ as torchrun would, forked from a process that
+    has torch and fittrain imported; `run` runs it. For jobs about library behaviour, not launching."""
+    return Ranks(nproc, SCRIPTS / script, tuple(map(str, script_args)))
+
+
+def _run_ranks(job: Ranks, env: dict[str, str] | None, timeout: float) -> Finished:
+    started = time.monotonic()
+    done = forked_ranks.run(job.script, list(job.args), job.nproc, env or job_env(), timeout)
+    if done.timed_out:
+        pytest.fail(f"job still running after {timeout:.0f}s; killed it. Output:\n{done.output[-6000:]}")
+    return Finished(done.returncode, done.output, time.monotonic() - started, time.time())
+
+
+def run(args: list[str] | Ranks, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT) -> Finished:
+    """Runs one job to the end (see `finish`): a command line, or `forked` ranks.
 
     `free_port` releases its port before the launcher binds it, so another process on a busy
     machine may take it in between; a job that failed only because of that is run once more on
     a fresh port. Any other failure is returned as it is.
     """
+    if isinstance(args, Ranks):
+        return _run_ranks(args, env, timeout)
     started = time.monotonic()
     done = finish(start(args, env), started, timeout)
     if done.returncode != 0 and _PORT_CLASH in done.output and any(flag in args for flag in _PORT_FLAGS):

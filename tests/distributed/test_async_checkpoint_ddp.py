@@ -6,11 +6,11 @@ from __future__ import annotations
 import safetensors.torch
 import torch
 
-from jobs import assert_state_equal, read_results, run, torchrun
+from jobs import assert_state_equal, forked, read_results, run
 
 
 def test_two_processes_write_checkpoints_in_the_background_while_training(tmp_path):
-    run(torchrun(2, "async_checkpoint_worker.py", "--out", str(tmp_path))).check()
+    run(forked(2, "async_checkpoint_worker.py", "--out", str(tmp_path))).check()
     rank0, rank1 = read_results(tmp_path, 2)
     assert rank0["steps"] == rank1["steps"] == 16
     # Both ranks trained on while their writes were in flight (rank 1's writes are the slow ones).

@@ -13,13 +13,13 @@ import torch
 
 from fittrain.checkpoint import load_model_weights
 from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
-from jobs import read_results, run, torchrun
+from jobs import forked, read_results, run
 
 
 @pytest.fixture(scope="module")
 def best_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("best")
-    run(torchrun(2, "best_ckpt_worker.py", "--out", str(out))).check()
+    run(forked(2, "best_ckpt_worker.py", "--out", str(out))).check()
     return {"out": out, "ranks": read_results(out, 2)}
 
 

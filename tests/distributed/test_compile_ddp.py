@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobs import assert_state_close, load_script, read_results, run, torchrun
+from jobs import assert_state_close, forked, load_script, read_results, run
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -27,7 +27,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     found = {}
     for strategy in STRATEGIES:
         out = tmp_path_factory.mktemp(f"compile_{strategy}")
-        run(torchrun(2, "compile_worker.py", "--out", str(out), "--strategy", strategy)).check()
+        run(forked(2, "compile_worker.py", "--out", str(out), "--strategy", strategy)).check()
         found[strategy] = read_results(out, 2)
     return found
 

@@ -7,11 +7,11 @@ import re
 
 import torch
 
-from jobs import assert_state_equal, fittrain_launch, job_env, read_results, run, torchrun
+from jobs import assert_state_equal, fittrain_launch, forked, job_env, read_results, run
 
 
 def test_ddp_kwargs_accumulation_plugin_trigger_and_join_on_two_processes(tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "config_worker.py", str(tmp_path))).check()
+    run(forked(2, "config_worker.py", str(tmp_path))).check()
     rank0, rank1 = read_results(tmp_path, 2)
     assert_state_equal(rank1["find_unused"], rank0["find_unused"])  # trained, with the unused branch allowed
     # Rank r's batch (2 rows) is all r + 1, so its local weight gradient is 2(r + 1) per element; inside a

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from jobs import load_script, read_results, run, torchrun
+from jobs import forked, load_script, read_results, run
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def worker() -> Any:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("data_ranks")
-    run(torchrun(2, "data_ranks_worker.py", "--out", str(out))).check()
+    run(forked(2, "data_ranks_worker.py", "--out", str(out))).check()
     return read_results(out, 2)
 
 

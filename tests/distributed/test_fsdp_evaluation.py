@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-from jobs import load_script, read_results, run, torchrun
+from jobs import forked, load_script, read_results, run
 
 
 def test_uneven_evaluation_under_fsdp_neither_hangs_nor_counts_a_repeat(tmp_path) -> None:
-    run(torchrun(2, "fsdp_eval_worker.py", "--out", str(tmp_path))).check()
+    run(forked(2, "fsdp_eval_worker.py", "--out", str(tmp_path))).check()
     ranks = read_results(tmp_path, 2)
     reference = load_script("fsdp_eval_worker").evaluate("auto")  # one process, every sample once
     assert reference["world"] == 1

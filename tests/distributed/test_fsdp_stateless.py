@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pathlib
 
-from jobs import assert_state_equal, read_results, run, torchrun
+from jobs import assert_state_equal, forked, read_results, run
 
 
 def test_a_stateless_optimizer_resumes_under_fsdp(tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "fsdp_stateless_worker.py", str(tmp_path))).check()
+    run(forked(2, "fsdp_stateless_worker.py", str(tmp_path))).check()
     rank0, _ = read_results(tmp_path, 2)
     assert rank0["lr"] == 0.1  # the saved hyperparameters are back
     assert_state_equal(rank0["restored"], rank0["saved"])

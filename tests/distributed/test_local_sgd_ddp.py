@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 
 import torch
-from jobs import read_results, run, torchrun
+from jobs import forked, read_results, run
 
 
 def test_local_sgd_averages_every_k_steps_and_logging_picks_processes(tmp_path) -> None:
-    done = run(torchrun(2, "local_sgd_worker.py", "--out", str(tmp_path))).check()
+    done = run(forked(2, "local_sgd_worker.py", "--out", str(tmp_path))).check()
     ranks = read_results(tmp_path, 2)
     zero, one = ranks
     # Steps 1 and 3: each rank stepped on its own gradients (no DDP sync), so the weights differ.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobs import assert_state_close, load_script, read_results, run, torchrun
+from jobs import assert_state_close, forked, load_script, read_results, run
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_optimizers_train_alike_on_two_processes(strategy: str, reference: dict, tmp_path) -> None:
-    run(torchrun(2, "manual_worker.py", "--out", str(tmp_path), "--strategy", strategy)).check()
+    run(forked(2, "manual_worker.py", "--out", str(tmp_path), "--strategy", strategy)).check()
     rank0, rank1 = read_results(tmp_path, 2)
     assert (rank0["world"], rank1["world"]) == (2, 2)
     for key in rank0["weights"]:

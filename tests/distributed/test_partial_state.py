@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 
-from jobs import run, torchrun
+from jobs import forked, run
 
 
 def test_partial_state_utils_decorators_and_triggers_on_two_processes(tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "partial_state_worker.py", str(tmp_path))).check()
+    run(forked(2, "partial_state_worker.py", str(tmp_path))).check()
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for facts in (rank0, rank1):
         assert facts["agree"] == [True] * 4  # one source of truth: no state to disagree

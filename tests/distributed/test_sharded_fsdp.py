@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
 from fittrain.checkpoint.consolidate import consolidate
-from jobs import JOB_TIMEOUT, assert_state_equal, finish, job_env, kill, run, start, torchrun
+from jobs import JOB_TIMEOUT, assert_state_equal, finish, forked, job_env, kill, run, start, torchrun
 
 
 def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
@@ -28,7 +28,7 @@ def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathlib.Path, nproc: int) -> None:
-    run(torchrun(nproc, "sharded_worker.py", "resume", "--out", str(tmp_path))).check()
+    run(forked(nproc, "sharded_worker.py", "resume", "--out", str(tmp_path))).check()
     ranks = _ranks(tmp_path, "rank", nproc)
     assert all(rank["equal"] and rank["resumed_at"] == 3 and rank["default_type"] == "sharded" for rank in ranks)
     folder = tmp_path / "project" / "checkpoints" / "checkpoint_0"
@@ -93,20 +93,20 @@ def test_an_async_sharded_save_killed_mid_write_leaves_the_previous_checkpoint_l
     assert survivors and all(is_intact(folder) for folder in survivors)
     assert not (checkpoints / temp.name[1:-len(".tmp")]).exists()  # the killed save never appeared
     # The next run resumes from the newest intact checkpoint and ends as an uninterrupted run does.
-    run(torchrun(2, "sharded_worker.py", "continue", "--out", str(tmp_path), "--steps", "8", "--tag", "after")).check()
-    run(torchrun(2, "sharded_worker.py", "reference", "--out", str(tmp_path), "--steps", "8", "--tag", "ref")).check()
+    run(forked(2, "sharded_worker.py", "continue", "--out", str(tmp_path), "--steps", "8", "--tag", "after")).check()
+    run(forked(2, "sharded_worker.py", "reference", "--out", str(tmp_path), "--steps", "8", "--tag", "ref")).check()
     assert_state_equal(torch.load(tmp_path / "final_after.pt"), torch.load(tmp_path / "final_ref.pt"))
 
 
 def test_a_damaged_shard_is_named_on_every_rank_and_the_previous_checkpoint_loads(tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "2")).check()
+    run(forked(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "2")).check()
     checkpoints = tmp_path / "project" / "checkpoints"
     newest = list_checkpoints(checkpoints)[-1]
     shard = newest / "shards" / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    run(torchrun(2, "sharded_worker.py", "load", "--out", str(tmp_path), "--ckpt", str(newest))).check()
+    run(forked(2, "sharded_worker.py", "load", "--out", str(tmp_path), "--ckpt", str(newest))).check()
     for facts in _ranks(tmp_path, "load", 2):
         assert facts["explicit"].startswith("CheckpointError") and "__1_0.distcp" in facts["explicit"], facts
         assert facts["unchanged"]
@@ -116,7 +116,7 @@ def test_a_damaged_shard_is_named_on_every_rank_and_the_previous_checkpoint_load
 
 def test_a_full_disk_on_one_rank_fails_the_save_on_every_rank_with_its_oserror_and_a_retry_succeeds(
         tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "sharded_worker.py", "full-disk", "--out", str(tmp_path))).check()
+    run(forked(2, "sharded_worker.py", "full-disk", "--out", str(tmp_path))).check()
     checkpoints = tmp_path / "project" / "checkpoints"
     for facts in _ranks(tmp_path, "disk", 2):
         # Rank 1's own error on both ranks, naming its shard file: not DCP's CheckpointException.

@@ -23,7 +23,7 @@ import torch
 from fittrain.checkpoint import CheckpointError, load_model_weights
 from fittrain.checkpoint.crc import file_checksum
 from fittrain.checkpoint.consolidate import consolidate
-from jobs import load_script, run, torchrun
+from jobs import forked, load_script, run
 
 METADATA = "shards/metadata.json"
 
@@ -32,7 +32,7 @@ METADATA = "shards/metadata.json"
 def job(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The worker's output: project/checkpoints/checkpoint_{0,1} and weights_{0,1}.pt."""
     out = tmp_path_factory.mktemp("sharded_metadata")
-    run(torchrun(2, "sharded_metadata_worker.py", "--out", str(out))).check()
+    run(forked(2, "sharded_metadata_worker.py", "--out", str(out))).check()
     return out
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import pathlib
 
-from jobs import run, torchrun
+from jobs import forked, run
 
 
 def test_every_rank_refuses_damaged_and_mismatching_sharded_checkpoints_before_applying_anything(
         tmp_path: pathlib.Path) -> None:
-    run(torchrun(2, "sharded_strict_worker.py", "--out", str(tmp_path))).check()
+    run(forked(2, "sharded_strict_worker.py", "--out", str(tmp_path))).check()
     for rank in range(2):
         facts = json.loads((tmp_path / f"strict{rank}.json").read_text())
         for name, file in [("garbage_state", "shards/values.pt"), ("lr_evil", "shards/values.pt"),

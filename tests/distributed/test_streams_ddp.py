@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from jobs import assert_state_equal, read_results, run, torchrun
+from jobs import assert_state_equal, forked, read_results, run
 
 
 @pytest.fixture(scope="module")
 def stream_job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("streams")
-    run(torchrun(2, "stream_worker.py", "--out", str(out))).check()
+    run(forked(2, "stream_worker.py", "--out", str(out))).check()
     return read_results(out, 2)
 
 

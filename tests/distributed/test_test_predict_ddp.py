@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from jobs import load_script, read_results, run, torchrun
+from jobs import forked, load_script, read_results, run
 
 STAGES = ("unfitted", "fitted")
 
@@ -22,7 +22,7 @@ def worker() -> Any:
 @pytest.fixture(scope="module")
 def eval_job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("test_predict")
-    run(torchrun(2, "eval_worker.py", "--out", str(out))).check()
+    run(forked(2, "eval_worker.py", "--out", str(out))).check()
     return read_results(out, 2)
 
 

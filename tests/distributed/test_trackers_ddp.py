@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import csv
 
-from jobs import read_results, run, torchrun
+from jobs import forked, read_results, run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
 def test_only_the_main_process_writes_trackers(tmp_path) -> None:
-    run(torchrun(2, "trackers_worker.py", "--out", str(tmp_path))).check()
+    run(forked(2, "trackers_worker.py", "--out", str(tmp_path))).check()
     ranks = read_results(tmp_path, 2)
     assert ranks[0]["held"] == ["TensorBoardTracker", "CSVTracker"]
     assert ranks[1]["held"] == ["NoOpTracker", "NoOpTracker"]

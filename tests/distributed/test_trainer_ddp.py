@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from fittrain.checkpoint.run_folders import run_folder
-from jobs import assert_state_close, load_script, read_results, run, torchrun
+from jobs import assert_state_close, forked, load_script, read_results, run
 
 
 @pytest.fixture(scope="module")
 def trainer_job(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("trainer")
-    job = run(torchrun(2, "trainer_worker.py", "--out", str(out))).check()
+    job = run(forked(2, "trainer_worker.py", "--out", str(out))).check()
     return {"job": job, "ranks": read_results(out, 2), "out": out}
 
 

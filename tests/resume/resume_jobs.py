@@ -13,6 +13,7 @@ torch), and each job has a deadline after which its whole process group is kille
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -28,6 +29,8 @@ from typing import Any
 import pytest
 import safetensors.torch
 import torch
+
+from support import ranks as forked_ranks
 
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
 TRAIN_JOB = SCRIPTS / "train_job.py"
@@ -46,8 +49,30 @@ def job_env() -> dict[str, str]:
     return env
 
 
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """A job forked from the test session's preloaded forkserver (tests/support/ranks.py) instead
+    of a new interpreter: `nproc` ranks with torchrun's environment, or (torchrun=False) one
+    process exactly like `python script args`. For jobs that are not about launching or signals."""
+
+    nproc: int
+    script: pathlib.Path
+    args: tuple[str, ...]
+    torchrun: bool = True
+
+
+def forked(nproc: int, script: pathlib.Path, *args: Any) -> Forked:
+    """`nproc` ranks of `script args` with torchrun's environment, forked (see `Forked`)."""
+    return Forked(nproc, script, tuple(map(str, args)))
+
+
+def forked_train_job(*args: Any) -> Forked:
+    """scripts/train_job.py as a fresh single process, forked (see `Forked`)."""
+    return Forked(1, TRAIN_JOB, tuple(map(str, args)), torchrun=False)
+
+
 class Job:
-    """A running subprocess in its own process group, with a deadline.
+    """A running job, a subprocess in its own process group or `Forked` ranks, with a deadline.
 
     Every job started is remembered in `Job.started` until `kill_leftovers` (run after each test
     by an autouse fixture) kills the groups of those still running, so a test that fails half-way
@@ -56,8 +81,11 @@ class Job:
 
     started: list["Job"] = []  # a test helper's registry; the session-wide references job is not in it
 
-    def __init__(self, args: list[str], timeout: float = JOB_TIMEOUT) -> None:
-        self.args = [str(a) for a in args]
+    def __init__(self, args: list[Any] | Forked, timeout: float = JOB_TIMEOUT,
+                 env: dict[str, str] | None = None) -> None:
+        self.forked = args if isinstance(args, Forked) else None
+        self.args = [str(a) for a in args] if self.forked is None else [str(self.forked.script), *self.forked.args]
+        self.env = env or job_env()
         self.timeout = timeout
         self.output = ""
         self._retried = False
@@ -74,8 +102,12 @@ class Job:
 
     def _start(self) -> None:
         self.started = time.monotonic()
+        if self.forked is not None:
+            self.proc = forked_ranks.Job(self.forked.script, list(self.forked.args), self.forked.nproc, self.env,
+                                         torchrun=self.forked.torchrun)
+            return
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=job_env(), start_new_session=True)
+                                     env=self.env, start_new_session=True)
 
     def _lost_its_port(self) -> bool:
         # free_port() releases the port before torchrun binds it; on a busy machine another
@@ -87,10 +119,26 @@ class Job:
         return self.proc.pid
 
     def running(self) -> bool:
+        if isinstance(self.proc, forked_ranks.Job):
+            return self.proc.running()
         return self.proc.poll() is None
+
+    def _wait_forked(self, expect: int | None) -> "Job":
+        finished = self.proc.wait(max(self.timeout - (time.monotonic() - self.started), 1.0))
+        self.output = self.proc.output()
+        self.proc.close()
+        if not finished:
+            pytest.fail(f"job ran past {self.timeout:.0f}s and was killed: {' '.join(self.args)}\n"
+                        f"{self.output[-4000:]}")
+        if expect is not None and self.proc.returncode != expect:
+            pytest.fail(f"job exited {self.proc.returncode} (expected {expect}): {' '.join(self.args)}\n"
+                        f"{self.output[-6000:]}")
+        return self
 
     def wait(self, expect: int | None = 0) -> "Job":
         """Waits for the end; fails the test on a timeout or, when `expect` is set, another exit code."""
+        if isinstance(self.proc, forked_ranks.Job):
+            return self._wait_forked(expect)
         left = max(self.timeout - (time.monotonic() - self.started), 1.0)
         try:
             self.output, _ = self.proc.communicate(timeout=left)
@@ -116,6 +164,9 @@ class Job:
         os.kill(self.pid, sig)
 
     def kill_group(self) -> None:
+        if isinstance(self.proc, forked_ranks.Job):
+            self.proc.close()
+            return
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -222,7 +273,8 @@ class References:
             args: list[Any] = [SCRIPTS / "references.py", self.done]
             for run in self._runs():
                 args += [*run, "--then"]
-            self.job = Job([sys.executable, *map(str, args[:-1])])
+            # Marked as a process that outlives the test that starts it (tests/conftest.py's guard).
+            self.job = Job([sys.executable, *map(str, args[:-1])], env={**job_env(), "FITTRAIN_TEST_SESSION_PROCESS": "1"})
             Job.started.remove(self.job)  # shared by the session: its own fixture stops it
 
     def result(self, name: str) -> pathlib.Path:

@@ -18,7 +18,7 @@ from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import list_checkpoints
 from fittrain.checkpoint import snapshot as snapshot_module
 
-from resume_jobs import OTHER_SEED, Job, differing, load_params, load_summary, train_job
+from resume_jobs import OTHER_SEED, Job, differing, forked_train_job, load_params, load_summary
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_resume_from_an_async_checkpoint_is_exact(tmp_path, train_job_module, de
     checkpoint_7 = project / "checkpoints" / "saving" / "checkpoint_0"  # the run named "saving"
     # Importing torch is most of a job's cost: start the resumed job now; it trains once `go` exists.
     go = tmp_path / "go"
-    resumed = Job(train_job("--project", tmp_path / "resumed", "--resume", checkpoint_7, "--seed", OTHER_SEED,
+    resumed = Job(forked_train_job("--project", tmp_path / "resumed", "--resume", checkpoint_7, "--seed", OTHER_SEED,
                             "--wait-for", go, "--result", tmp_path / "resumed.st"))
     try:
         reference = _fit(job, ["--project", str(tmp_path / "reference")])

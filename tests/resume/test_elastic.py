@@ -35,7 +35,7 @@ import pytest
 import torch
 from torch import nn
 
-from resume_jobs import SCRIPTS, Job, load_params, load_script, torchrun
+from resume_jobs import SCRIPTS, Job, forked, load_params, load_script
 
 JOB = SCRIPTS / "elastic_job.py"
 #: (processes, save after this optimizer step or None: run to the end) per leg.
@@ -115,7 +115,7 @@ def run_chain(tmp_path: Any, chain: list[tuple[int, int | None]], mode: str, str
                 "--state-dict-type", state_dict_type]
         args += ["--resume", previous] if previous else []
         args += ["--save-at", save_at, "--checkpoint", checkpoint] if save_at else []
-        Job(torchrun(world, JOB, *args)).wait()
+        Job(forked(world, JOB, *args)).wait()
         previous = checkpoint
 
 

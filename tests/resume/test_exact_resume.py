@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from fittrain import Accelerator
 
-from resume_jobs import (OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, checkpoint_meta, differing,
-                         load_params, load_summary, torchrun, train_job)
+from resume_jobs import (OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, checkpoint_meta, differing, forked,
+                         forked_train_job, load_params, load_summary)
 
 BATCHES_PER_EPOCH = 10
 
@@ -49,8 +49,8 @@ def test_resume_mid_epoch_and_at_epoch_boundary(tmp_path, references, workers):
     mid, boundary = references.checkpoint(saving, 0), references.checkpoint(saving, 1)
     # These import now, and resume once the references (which write the checkpoints) are done.
     common = ("--project", tmp_path / "run", "--workers", workers, "--seed", OTHER_SEED, "--wait-for", references.done)
-    resumed = [Job(train_job("--resume", mid, "--result", tmp_path / "mid.st", *common)),
-               Job(train_job("--resume", boundary, "--result", tmp_path / "boundary.st", *common))]
+    resumed = [Job(forked_train_job("--resume", mid, "--result", tmp_path / "mid.st", *common)),
+               Job(forked_train_job("--resume", boundary, "--result", tmp_path / "boundary.st", *common))]
     try:
         reference = references.get(f"single_w{workers}")
         assert checkpoint_meta(mid)["dataloaders"][0]["epoch"] == 1
@@ -88,9 +88,9 @@ def test_two_processes_resume_mid_epoch(tmp_path):
     project, go = tmp_path / "run", tmp_path / "go"
     checkpoint = project / "checkpoints" / "first" / "checkpoint_0"  # the run named "first"
     # 40 samples, batch 4, 2 ranks: 5 batches per rank per epoch, steps after batches 2, 4 and 5.
-    first = Job(torchrun(2, TRAIN_JOB, "--project", project, "--run-name", "first", "--save-steps", "4",
+    first = Job(forked(2, TRAIN_JOB, "--project", project, "--run-name", "first", "--save-steps", "4",
                          "--result", tmp_path / "uninterrupted.st"))
-    resumed = Job(torchrun(2, TRAIN_JOB, "--project", project, "--resume", checkpoint, "--seed", OTHER_SEED,
+    resumed = Job(forked(2, TRAIN_JOB, "--project", project, "--resume", checkpoint, "--seed", OTHER_SEED,
                            "--wait-for", go, "--result", tmp_path / "resumed.st"))
     try:
         first.wait()

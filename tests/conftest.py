@@ -1,0 +1,140 @@
+"""Suite-wide: the `subprocess` marker and the guard every test runs under.
+
+`subprocess` marks the tests that start processes (torchrun and `fittrain launch` jobs, forked
+ranks, fresh interpreters): they are most of the suite's time, so `python -m pytest -m "not
+subprocess"` is the quick inner loop, and the README's `python -m pytest -q` still runs everything.
+Whole folders and files are marked here (`SUBPROCESS_PATHS`); a test elsewhere that starts a
+process carries `@pytest.mark.subprocess` itself. The guard fails an unmarked test that starts a
+new Python interpreter, so the quick loop never pays for one unnoticed (a short `git` or `mount`
+is not worth a mark).
+
+The guard (`guard`, autouse) also restores the environment variables a test changed, and fails
+a test that leaves a torch process group initialized or a child process running, after ending
+them, so that one test's leftovers never change the next one's result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import sys
+from typing import Iterator
+
+import pytest
+
+TESTS = pathlib.Path(__file__).parent
+#: Folders and files (relative to tests/) whose every test starts processes.
+SUBPROCESS_PATHS = ("distributed", "resume", "real_scripts", "test_accelerate_scripts.py", "test_examples.py",
+                    "test_consolidate.py", "test_fault_injection.py", "test_launch_guard.py",
+                    "test_cli_version.py", "test_packaging.py", "test_benchmarks.py", "test_trackers_optional.py")
+#: A process whose environment has this variable may outlive the test that started it (the
+#: forkserver of tests/support/ranks.py, the resume suite's session-long references job).
+SESSION_PROCESS = "FITTRAIN_TEST_SESSION_PROCESS"
+#: Audit events that start a new program (a fork alone, as DataLoader workers do, is cheap).
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.exec"})
+
+
+_started_key = pytest.StashKey[list]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_started_key] = []
+    sys.addaudithook(lambda event, args: _record(config, event, args))
+
+
+def _record(config: pytest.Config, event: str, args: tuple) -> None:
+    """Notes a new Python interpreter (what costs seconds: it imports torch); `mount` or `git` do not count."""
+    if event in _PROCESS_EVENTS and _is_python(args[0] if args[0] is not None else _first(args[1])):
+        config.stash[_started_key].append(f"{event}{args[:2]!r}"[:300])
+
+
+def _first(argv: object) -> object:
+    return argv[0] if isinstance(argv, (list, tuple)) and argv else argv
+
+
+def _is_python(program: object) -> bool:
+    name = os.path.basename(os.fsdecode(program)) if isinstance(program, (str, bytes, os.PathLike)) else ""
+    return name.startswith("python") or name in ("torchrun", "fittrain", "accelerate", "pytest")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    marked = [TESTS / path for path in SUBPROCESS_PATHS]
+    for item in items:
+        path = pathlib.Path(str(item.path))
+        if any(path == root or root in path.parents for root in marked):
+            item.add_marker(pytest.mark.subprocess)
+
+
+def _children() -> set[int]:
+    """The pids of this process's live children (Linux: /proc/self/task/*/children)."""
+    pids: set[int] = set()
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
+
+
+def _may_stay(pid: int) -> bool:
+    """Whether a child may outlive the test: a session process, or one that already ended (a
+    zombie whose owner has not waited for it yet)."""
+    proc = pathlib.Path(f"/proc/{pid}")
+    try:
+        state = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+        environ = proc.joinpath("environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return True
+    return state in ("Z", "X") or f"{SESSION_PROCESS}=1".encode() in environ
+
+
+def _end(pid: int) -> None:
+    """Kills a leftover child and the process group it leads, then reaps it."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, 0)
+
+
+def _leave_process_group() -> bool:
+    """Destroys a process group left initialized; returns whether there was one."""
+    dist = sys.modules.get("torch.distributed")  # only a test that imported it can have left a group
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    dist.destroy_process_group()
+    return True
+
+
+def _restore(environ: dict[str, str]) -> None:
+    """Puts os.environ back as it was, touching only the variables that changed."""
+    for key in [key for key in os.environ if key not in environ]:
+        del os.environ[key]
+    for key, value in environ.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Restores os.environ; ends and reports a leftover process group or child process, and a
+    new interpreter started by a test not marked `subprocess`."""
+    environ, children = dict(os.environ), _children()
+    started = request.config.stash[_started_key]
+    started.clear()
+    yield
+    problems = []
+    if started and request.node.get_closest_marker("subprocess") is None:
+        problems.append(f"started a process without @pytest.mark.subprocess: {started[0]}")
+    if _leave_process_group():
+        problems.append("left a torch.distributed process group initialized (destroyed it)")
+    leftovers = sorted(pid for pid in _children() - children if not _may_stay(pid))
+    for pid in leftovers:
+        _end(pid)
+    if leftovers:
+        problems.append(f"left child processes running (killed them): {leftovers}")
+    _restore(environ)
+    if problems:
+        pytest.fail("; ".join(problems))
