@@ -9,8 +9,9 @@ listed in the script's docstring. Their expected values and assertions are Accel
 them, example_regression.py is a training script written for Accelerate (checkpoints with
 automatic naming, resume mid-epoch, gather_for_metrics, trackers), converted the same way.
 
-Each script runs as a real torchrun job (`python -m torch.distributed.run`), on 1 process and on
-2 CPU processes (gloo), and must exit 0. test_distributed_data_loop.py runs on 2 only: the script
+Each script runs as a real multi-process job with torchrun's environment (its ranks forked from a
+process with torch imported: tests/support/ranks.py), on 1 process and on 2 CPU processes (gloo),
+and must exit 0. test_distributed_data_loop.py runs on 2 only: the script
 asserts 2 processes itself. A job runs in a temporary working directory (test_script.py writes a
 file into it), gets a deadline, and is killed with its whole process group when it overruns.
 
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import subprocess
 import sys
-import time
 from types import ModuleType
 
 import pytest
@@ -51,21 +50,10 @@ jobs = _load_jobs()
 
 
 def run_script(nproc: int, script: str, cwd: pathlib.Path, *args: str) -> str:
-    """Runs tests/accelerate_scripts/`script` under torchrun on `nproc` processes, in `cwd`, and
-    fails the test with the tail of its output unless it exits 0; returns the output.
-
-    A job that failed only because another process took its port in between is run once more.
-    """
-    for attempt in range(2):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                   "--master-port", str(jobs.free_port()), str(SCRIPTS / script), *args]
-        started = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=jobs.job_env(), cwd=cwd, start_new_session=True)
-        done = jobs.finish(proc, started, TIMEOUT)
-        if done.returncode == 0 or "EADDRINUSE" not in done.output:
-            break
-    return done.check().output
+    """Runs tests/accelerate_scripts/`script` on `nproc` ranks with torchrun's environment (forked,
+    see jobs.forked), in `cwd`, and fails the test with the tail of its output unless it exits 0;
+    returns the output."""
+    return jobs.run(jobs.forked(nproc, SCRIPTS / script, *args, cwd=cwd), timeout=TIMEOUT).check().output
 
 
 #: Lines no job may print: a check the script skipped (Accelerate's own skip message).

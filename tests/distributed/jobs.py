@@ -142,17 +142,20 @@ class Ranks:
     nproc: int
     script: pathlib.Path
     args: tuple[str, ...]
+    cwd: pathlib.Path | None = None
 
 
-def forked(nproc: int, script: str, *script_args: str) -> Ranks:
-    """`nproc` ranks running a script in scripts/ as torchrun would, forked from a process that
-    has torch and fittrain imported; `run` runs it. For jobs about library behaviour, not launching."""
-    return Ranks(nproc, SCRIPTS / script, tuple(map(str, script_args)))
+def forked(nproc: int, script: str | pathlib.Path, *script_args: str, cwd: pathlib.Path | None = None) -> Ranks:
+    """`nproc` ranks running a script (in scripts/ unless a full path) as torchrun would, in `cwd`,
+    forked from a process that has torch and fittrain imported; `run` runs it. For jobs about
+    library behaviour, not launching."""
+    return Ranks(nproc, SCRIPTS / script, tuple(map(str, script_args)), cwd)
 
 
 def _run_ranks(job: Ranks, env: dict[str, str] | None, timeout: float) -> Finished:
     started = time.monotonic()
-    done = forked_ranks.run(job.script, list(job.args), job.nproc, env or job_env(), timeout)
+    done = forked_ranks.run(job.script, list(job.args), job.nproc, env or job_env(), timeout,
+                            cwd=str(job.cwd) if job.cwd else None)
     if done.timed_out:
         pytest.fail(f"job still running after {timeout:.0f}s; killed it. Output:\n{done.output[-6000:]}")
     return Finished(done.returncode, done.output, time.monotonic() - started, time.time())

@@ -104,8 +104,9 @@ class Job:
     """
 
     def __init__(self, script: pathlib.Path, args: list[str], nproc: int, env: dict[str, str],
-                 torchrun: bool = True) -> None:
-        """With `torchrun=False`, one process with `env` as it is: a fresh `python script args`."""
+                 torchrun: bool = True, cwd: str | None = None) -> None:
+        """With `torchrun=False`, one process with `env` as it is: a fresh `python script args`.
+        The ranks run in `cwd`, by default this process's working directory."""
         if not torchrun and nproc != 1:
             raise ValueError(f"A job without torchrun's environment has one process. Received: nproc={nproc}. "
                              "Pass nproc=1, or torchrun=True.")
@@ -125,7 +126,7 @@ class Job:
             for rank in range(nproc):
                 self.procs.append(ctx.Process(target=main, name=f"rank{rank}", args=(
                     str(script), [str(a) for a in args],
-                    rank_env(env, rank, nproc, self._store.port) if self._store else dict(env), os.getcwd(),
+                    rank_env(env, rank, nproc, self._store.port) if self._store else dict(env), cwd or os.getcwd(),
                     self.log_paths[rank])))
                 self.procs[-1].start()
         except BaseException:
@@ -178,9 +179,10 @@ class Job:
         self._logs.cleanup()
 
 
-def run(script: pathlib.Path, args: list[str], nproc: int, env: dict[str, str], timeout: float) -> RanksResult:
-    """Runs `script args` on `nproc` forked ranks; every rank still alive at the end is killed."""
-    job = Job(script, args, nproc, env)
+def run(script: pathlib.Path, args: list[str], nproc: int, env: dict[str, str], timeout: float,
+        cwd: str | None = None) -> RanksResult:
+    """Runs `script args` on `nproc` forked ranks in `cwd`; every rank still alive at the end is killed."""
+    job = Job(script, args, nproc, env, cwd=cwd)
     try:
         finished = job.wait(timeout)
         output = job.output()
