@@ -6,15 +6,11 @@ from typing import Any
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
-    """`repr(value)` on one line when it fits in `limit` characters; else its start, cut, and its type.
+    """`repr(value)` when it is one line of at most `limit` characters, else `<TypeName>`.
 
-    Tensors and arrays are described by dtype and shape, which is what a message about them needs
-    (their repr is many lines of numbers).
+    A message quotes small values exactly (`every_n_steps=0`, `tensor(0.5000)`); a model, a big
+    tensor or a loader would bury the message in pages of repr, and its type is what the reader
+    needs to recognise it.
     """
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"a {dtype} {type(value).__name__} of shape {tuple(shape)}"
-    text = repr(value).replace("\n", " ")
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit - 3]}... (a {type(value).__name__})"
+    text = repr(value)
+    return text if len(text) <= limit and "\n" not in text else f"<{type(value).__name__}>"
