@@ -78,15 +78,15 @@ class GradClip(Callback):
 
     def _clip_norm(self, trainer: "Trainer") -> torch.Tensor:
         params = self._stepping_parameters(trainer)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
-        # Under FSDP2 the norm is a DTensor; the recorded metric is the full value.
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # The strategy returns the full norm (under FSDP2, over every rank's shards).
+        return trainer.accelerator.distributed_strategy.clip_grad_norm_(params, self.max_norm, self.norm_type)
 
     def _clip_value(self, trainer: "Trainer") -> torch.Tensor:
         params = [p for p in self._stepping_parameters(trainer) if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], self.norm_type)
-        torch.nn.utils.clip_grad_value_(params, self.max_value)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        strategy = trainer.accelerator.distributed_strategy
+        norm = strategy.grad_norm(params, self.norm_type)
+        strategy.clip_grad_value_(params, self.max_value)
+        return norm
 
     def __repr__(self) -> str:
         limit = f"max_norm={self.max_norm}" if self.max_norm is not None else f"max_value={self.max_value}"

@@ -32,7 +32,6 @@ from torch.utils.data import DataLoader
 from fittrain.common.nested import is_tensor_tree, iter_tensors
 from fittrain.common.reprs import short_repr
 from fittrain.data import check_batches, send_to_device
-from fittrain.distributed import parallel
 from fittrain.trainer.events import Event
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader
@@ -135,8 +134,7 @@ class Evaluation:
 
 
 def _forward_is_collective(acc: "Accelerator", runner: StepRunner) -> bool:
-    # Under FSDP2 every forward gathers the parameters from all processes.
-    return acc.num_processes > 1 and parallel.is_fsdp(parallel.unwrap(runner.model))
+    return acc.distributed_strategy.forward_gathers_parameters(runner.model)
 
 
 def _in_lockstep(loader: Any, acc: Any) -> Iterator[tuple[Any, bool]]:

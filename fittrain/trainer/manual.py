@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from fittrain.distributed.parallel import is_fsdp, unwrap
+from fittrain.common.checks import check_choice, check_positive_number
 from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
 from fittrain.trainer.events import Event
 from fittrain.trainer.parts import StepRunner, extract_loss
@@ -114,14 +113,17 @@ class ManualOptimization:
         self.optimizers = [ManualOptimizer(o, self) for o in optimizers]
         self.schedulers = [self._prepare_scheduler(s) for s in schedulers]
         self.schedule = Schedule()
-        if is_fsdp(unwrap(model)):
-            _check_fsdp_layout(unwrap(model))
+        strategy = self.accelerator.distributed_strategy
+        module_itself = strategy.unwrap(model)
+        outside = strategy.root_unit_parameters(module_itself)
+        if outside:
+            _refuse_root_parameters(module_itself, outside)
         # DDP's forward is bypassed (see the module docstring); FSDP2's root forward is kept.
-        self._run = StepRunner(unwrap(model), module)
-        averaging = isinstance(model, DistributedDataParallel) and self.accelerator.num_processes > 1
+        self._run = StepRunner(module_itself, module, strategy)
+        averaging = strategy.needs_manual_gradient_averaging(model)
         self._average: Callable[[list[nn.Parameter]], None] = self._average_gradients if averaging else _no_op
         # Each optimizer's parameters, in the module's order, found once (GradClip reads them too).
-        self.parameters = {id(o): optimizer_parameters(o, unwrap(model)) for o in self.optimizers}
+        self.parameters = {id(o): optimizer_parameters(o, module_itself) for o in self.optimizers}
         # Whether the current batch starts an accumulation window (a checkpoint is only ever saved at
         # the end of one, so a fit or resume starts with a window).
         self.window_start = True
@@ -243,35 +245,27 @@ def clip_gradients(trainer: "Trainer", optimizer: Any, value: float | None, algo
     Raises:
         ValueError: for an unknown `algorithm` or a value that is not a positive number.
     """
-    if algorithm not in ("norm", "value"):
-        raise ValueError("`clip_gradients(gradient_clip_algorithm=...)` must be 'norm' or 'value'. Received: "
-                         f"gradient_clip_algorithm={algorithm!r}.")
-    if value is None:
+    check_choice("gradient_clip_algorithm", algorithm, ("norm", "value"), owner="clip_gradients")
+    if check_positive_number("gradient_clip_val", value, owner="clip_gradients", optional=True) is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError("`clip_gradients(gradient_clip_val=...)` must be a positive number or None. Received: "
-                         f"gradient_clip_val={value!r}.")
     acc = trainer.accelerator
     if acc.sync_gradients:
         acc.unscale_gradients(optimizer)  # only this optimizer: another's gradients may still grow
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     if algorithm == "norm":
-        torch.nn.utils.clip_grad_norm_(params, float(value))
+        acc.distributed_strategy.clip_grad_norm_(params, float(value))
     else:
-        torch.nn.utils.clip_grad_value_(params, float(value))
+        acc.distributed_strategy.clip_grad_value_(params, float(value))
 
 
-def _check_fsdp_layout(model: nn.Module) -> None:
+def _refuse_root_parameters(model: nn.Module, outside: list[str]) -> None:
     """Under FSDP2, manual optimization needs every parameter in a sharded submodule."""
-    inner = {id(p) for m in list(model.modules())[1:] if is_fsdp(m) for p in m.parameters()}
-    outside = [name for name, p in model.named_parameters() if id(p) not in inner]
-    if outside:
-        raise ValueError(
-            f"Manual optimization under strategy='fsdp' needs every parameter inside a sharded submodule, but "
-            f"{type(model).__name__} holds {len(outside)} in its root unit (e.g. {outside[0]!r}): the first "
-            "manual_backward would reshard them while training_step still uses them. Move them into a submodule "
-            "(e.g. an nn.Linear or your own nn.Module), or leave fsdp_classes unset so every module holding "
-            "parameters is sharded, or use strategy='ddp'.")
+    raise ValueError(
+        f"Manual optimization under strategy='fsdp' needs every parameter inside a sharded submodule, but "
+        f"{type(model).__name__} holds {len(outside)} in its root unit (e.g. {outside[0]!r}): the first "
+        "manual_backward would reshard them while training_step still uses them. Move them into a submodule "
+        "(e.g. an nn.Linear or your own nn.Module), or leave fsdp_classes unset so every module holding "
+        "parameters is sharded, or use strategy='ddp'.")
 
 
 def _no_op(params: list[nn.Parameter]) -> None:

@@ -50,7 +50,7 @@ class AutomaticOptimization:
         self.trainer, self.model, self.optimizer, self.schedule = trainer, model, optimizer, schedule
         self.optimizers = [optimizer]
         self.schedulers = [schedule.scheduler] if schedule.scheduler else []
-        self._run = StepRunner(model, module)
+        self._run = StepRunner(model, module, trainer.accelerator.distributed_strategy)
 
     def train_batch(self, batch: Any) -> bool:
         """Trains on one batch; True when it ended an accumulation window with an optimizer step."""

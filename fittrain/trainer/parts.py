@@ -18,10 +18,10 @@ from fittrain.common.checks import check_positive_int
 from fittrain.common.reprs import short_repr
 from fittrain.data import batch_size_of
 from fittrain.distributed import collectives
-from fittrain.distributed.parallel import is_fsdp, unwrap
 
 if TYPE_CHECKING:
     from fittrain.accelerator.accelerator import Accelerator
+    from fittrain.distributed.strategies import Strategy
     from fittrain.trainer.module import TrainModule
 
 
@@ -160,10 +160,11 @@ class StepRunner:
         module: The TrainModule whose method runs.
     """
 
-    def __init__(self, model: nn.Module, module: "TrainModule") -> None:
+    def __init__(self, model: nn.Module, module: "TrainModule", strategy: "Strategy") -> None:
         self.model, self.module = model, module
         # Decided once: None calls the method directly (no wrapper), else the module whose forward is pointed.
-        self._inner: nn.Module | None = None if model is module and not is_fsdp(module) else unwrap(model)
+        direct = model is module and not strategy.hooks_forward(module)
+        self._inner: nn.Module | None = None if direct else strategy.unwrap(model)
 
     def __call__(self, method: str, batch: Any) -> Any:
         inner, module = self._inner, self.module

@@ -354,7 +354,7 @@ class Trainer:
         # Each step is autocast whole, as in fit, so the per-forward fp32 wrapper is redundant; outputs
         # then have the same dtype whether or not the module was fitted first.
         self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)
-        self._runner = StepRunner(self.model, module)
+        self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
 
     # ----------------------------------------------------------------- setup and resume
     def _setup(self, module: TrainModule, train_loader: Any, val_loader: Any, resume: RunPlan) -> None:
@@ -366,7 +366,7 @@ class Trainer:
         self.train_loader = acc.prepare_data_loader(train_loader)
         # The Trainer autocasts the whole training_step, so the per-forward fp32 wrapper is redundant.
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
-        self._runner = StepRunner(self.model, module)
+        self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
