@@ -7,22 +7,32 @@ docs it links to (docs/index.md).
 from typing import Any
 
 from fittrain.accelerator.accelerator import Accelerator
-from fittrain.checkpoint import CheckpointError, ProjectConfiguration
-from fittrain.accelerator.configuration import (AutocastKwargs, DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                            GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                            TorchDynamoPlugin)
-from fittrain.trainer.events import Callback, Event
-from fittrain.launchers import debug_launcher, notebook_launcher
-from fittrain.trainer.module import TrainModule
+from fittrain.accelerator.configuration import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    TorchDynamoPlugin,
+)
 from fittrain.accelerator.partial_state import PartialState
+from fittrain.checkpoint import CheckpointError, ProjectConfiguration
+from fittrain.common.version import package_version
 from fittrain.distributed.process_state import DistributedType
+from fittrain.launchers import debug_launcher, notebook_launcher
+from fittrain.trainer.events import Callback, Event
+from fittrain.trainer.module import TrainModule
 from fittrain.trainer.trainer import Trainer, TrainState
 
 __all__ = [
-    "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs", "GradientAccumulationPlugin",
-    "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer",
-    "debug_launcher", "find_executable_batch_size", "notebook_launcher", "skip_first_batches",
+    "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType",
+    "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs",
+    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin",
+    "ProjectConfiguration", "TrainModule", "TrainState", "Trainer", "debug_launcher", "find_executable_batch_size",
+    "notebook_launcher", "skip_first_batches",
 ]
 
 
@@ -39,9 +49,4 @@ def __getattr__(name: str) -> Any:
         return getattr(utils, name)
     if name != "__version__":
         raise AttributeError(f"module 'fittrain' has no attribute {name!r}")
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("fittrain")
-    except PackageNotFoundError:  # imported from a source tree that was never installed
-        return "0+unknown"
+    return package_version()

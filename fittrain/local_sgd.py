@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fittrain.common.reprs import short_repr
+from fittrain.common.checks import check_bool, check_positive_int
 from fittrain.distributed.process_state import DistributedType
 
 if TYPE_CHECKING:
@@ -55,14 +55,11 @@ class LocalSGD:
 
     def __init__(self, accelerator: "Accelerator", model: torch.nn.Module, local_sgd_steps: int | None,
                  enabled: bool = True) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"`LocalSGD(enabled=...)` must be True or False. Received: enabled={short_repr(enabled)}.")
-        bad_steps = isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1
+        check_bool("enabled", enabled, owner="LocalSGD")
         # Disabled, it may have no count: Accelerate's example passes enabled=local_sgd_steps is not None.
-        if bad_steps and (enabled or local_sgd_steps is not None):
-            raise ValueError("`LocalSGD(local_sgd_steps=...)` must be a positive int, the optimizer steps between two "
-                             f"averages. Received: local_sgd_steps={short_repr(local_sgd_steps)}. Pass e.g. "
-                             "local_sgd_steps=8.")
+        check_positive_int("local_sgd_steps", local_sgd_steps, owner="LocalSGD", optional=not enabled,
+                           wanted="a positive integer, the optimizer steps between two averages",
+                           fix="Pass e.g. local_sgd_steps=8.")
         kind = accelerator.distributed_type
         # By the strategy's kind too: on one process FSDP2 runs as NO, and the script would only fail on many.
         if kind not in _SUPPORTED or accelerator.distributed_strategy.shards_parameters:

@@ -18,6 +18,7 @@ import datetime
 import enum
 from typing import Any, Iterable
 
+from fittrain.common.checks import check_positive_int
 from fittrain.common.reprs import short_repr
 
 
@@ -92,10 +93,8 @@ class GradientAccumulationPlugin:
     sync_each_batch: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_steps is None or isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) \
-                or self.num_steps < 1:
-            raise ValueError("`GradientAccumulationPlugin(num_steps=...)` must be a positive integer. Received: "
-                             f"num_steps={self.num_steps!r:.80}. Pass e.g. GradientAccumulationPlugin(num_steps=4).")
+        check_positive_int("num_steps", self.num_steps, owner="GradientAccumulationPlugin",
+                           fix="Pass e.g. GradientAccumulationPlugin(num_steps=4).")
         for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
             _check("GradientAccumulationPlugin", name, getattr(self, name), bool)
 

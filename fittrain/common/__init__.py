@@ -9,6 +9,7 @@ Holds:
     nested         the one walker over nested tensors (dicts, lists, tuples, namedtuples,
                    dataclasses on request): `map_tensors`, `iter_tensors`, `is_tensor_tree`
     availability   Accelerate's `is_*_available`: installed packages and present devices
+    version        `package_version`: the installed fittrain's version
 
 Layers, top to bottom: callbacks -> trainer -> accelerator -> (step, data, checkpoint, trackers)
 -> distributed -> common. This is the bottom: it may import torch and the standard library,

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from fittrain.common.checks import check_choice
+from fittrain.common.nested import map_tensors
 from fittrain.distributed.process_state import ProcessState
 
 
@@ -56,15 +58,11 @@ def _verify_same_shapes(operation: str, data: Any, state: ProcessState) -> None:
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
-    """Applies `fn` to each tensor inside dicts, lists, tuples and namedtuples."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map_tensors(fn, v)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_map_tensors(fn, v) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(fn, v) for v in obj)
+    """Applies `fn` to each tensor inside dicts, lists, tuples and namedtuples; refuses other leaves."""
+    return map_tensors(fn, obj, other=_refuse_leaf)
+
+
+def _refuse_leaf(obj: Any) -> Any:
     raise TypeError(
         f"Collectives take tensors or dicts/lists/tuples of tensors. Received an object of type "
         f"{type(obj).__name__}; convert it to a tensor, or use gather_object for Python objects."
@@ -164,9 +162,7 @@ def reduce(data: Any, state: ProcessState, reduction: str = "sum", scale: float 
     Raises:
         ValueError: for an unknown `reduction`.
     """
-    if reduction not in _REDUCE_OPS:
-        raise ValueError(f"`reduction` must be one of {', '.join(repr(r) for r in _REDUCE_OPS)}. "
-                         f"Received: reduction={reduction!r}.")
+    check_choice("reduction", reduction, tuple(_REDUCE_OPS))
     op = _REDUCE_OPS[reduction]
     if state.is_distributed and op is not None:
         _verify_same_shapes("reduce", data, state)

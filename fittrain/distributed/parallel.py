@@ -13,6 +13,7 @@ from typing import Any, Iterable, cast
 
 import torch
 
+from fittrain.common.checks import check_choice
 from fittrain.distributed.strategies.fsdp import FSDP2Strategy, gathered_state_dict
 from fittrain.distributed.strategies.parameters import rebind_optimizer
 from fittrain.distributed.wrappers import is_fsdp, unwrap
@@ -39,11 +40,7 @@ def check_strategy(strategy: Any, source: str = "strategy") -> str:
     Raises:
         ValueError: listing the valid strategies and the value received.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"`{source}` must be one of {', '.join(repr(s) for s in STRATEGIES)}. Received: {source}={strategy!r}."
-        )
-    return strategy
+    return check_choice(source, strategy, STRATEGIES)
 
 
 def resolve_strategy(strategy: Any) -> str:

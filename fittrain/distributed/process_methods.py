@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
+from fittrain.common.checks import check_non_negative_int
 from fittrain.common.nested import is_tensor_tree, map_tensors
 from fittrain.distributed import collectives
 from fittrain.distributed.gradient_state import GradientState
@@ -181,10 +182,8 @@ class ProcessMethods(ProcessHelpers):
 
 
 def _check_index(name: str, value: Any, num_processes: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"`{name}` must be a process index, an integer from 0. Received: {name}={value!r:.80}. "
-                         f"Use e.g. @accelerator.on_process({name}=0).")
-    return value
+    return check_non_negative_int(name, value, wanted="a process index, an integer from 0",
+                                  fix=f"Use e.g. @accelerator.on_process({name}=0).")
 
 
 def _as_list(obj: Any) -> list[Any]:

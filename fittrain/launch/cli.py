@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from fittrain import __version__
 from fittrain.accelerator.launch_env import ACCUMULATION_ENV, DYNAMO_BACKEND_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV
 from fittrain.checkpoint import consolidate
+from fittrain.common.version import package_version
 from fittrain.distributed import launch_guard, slurm
 from fittrain.distributed.parallel import STRATEGIES, STRATEGY_ENV
 from fittrain.distributed.preemption import forwarding_to_workers, launcher_signals, torchrun_signal_args
@@ -134,7 +134,7 @@ def _add_env_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def version_line() -> str:
     """What `fittrain --version` prints: fittrain's version (its package metadata's) and torch's."""
-    return f"fittrain {__version__} (torch {torch.__version__})"
+    return f"fittrain {package_version()} (torch {torch.__version__})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,7 +324,8 @@ def _devices() -> list[str]:
 
 def environment_report() -> str:
     """Versions, platform, devices and distributed backends, as a Markdown list for bug reports."""
-    lines = [f"fittrain version: {__version__}", f"`fittrain` command: {shutil.which('fittrain') or 'not on PATH'}",
+    lines = [f"fittrain version: {package_version()}",
+             f"`fittrain` command: {shutil.which('fittrain') or 'not on PATH'}",
              f"torch version: {torch.__version__}", f"numpy version: {_version_of('numpy')}",
              f"Python version: {platform.python_version()} ({sys.executable})",
              f"Platform: {platform.platform()}", f"CPU count: {os.cpu_count()}", f"System RAM: {_ram()}",

@@ -13,6 +13,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
+from fittrain.common.nested import map_tensors
+
 PRECISIONS = ("no", "fp16", "bf16")
 
 
@@ -21,15 +23,11 @@ def to_fp32(obj: Any) -> Any:
 
     Lists, tuples, namedtuples and dicts are walked recursively; other values pass through.
     """
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
-    if isinstance(obj, dict):
-        return type(obj)((k, to_fp32(v)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(to_fp32(v) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_fp32(v) for v in obj)
-    return obj
+    return map_tensors(_upcast, obj)
+
+
+def _upcast(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
 class AutocastForward:
