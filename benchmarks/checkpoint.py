@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import math
 import os
 import pathlib
@@ -182,8 +183,8 @@ def run(contenders: Contenders, root: pathlib.Path, repeats: int) -> dict[str, d
         for name in order:
             save, load = pairs[name]
             folder = root / f"r{round_index}_{name.replace('/', '_').replace(' ', '')}"
-            save_s = _timed(lambda: save(folder))
-            load_s = _timed(lambda: load(folder))
+            save_s = _timed(functools.partial(save, folder))
+            load_s = _timed(functools.partial(load, folder))
             shutil.rmtree(folder)
             if round_index:
                 times[name]["save"].append(save_s)

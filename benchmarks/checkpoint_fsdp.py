@@ -41,6 +41,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -215,7 +216,7 @@ def _worker(args: argparse.Namespace) -> None:
             else:
                 times = result["times"][name]
                 for op, fn in (("save", save), ("load", load)):
-                    seconds, extra = _measure(lambda: fn(folder))
+                    seconds, extra = _measure(functools.partial(fn, folder))
                     times[f"{op}_s"].append(seconds)
                     times[f"{op}_mb"].append(extra)
             _barrier()
@@ -326,8 +327,8 @@ def scaling_table(results: dict[tuple[float, int], dict[str, Any]], rounds: int)
     lines = [f"FSDP2 checkpoint time and per-rank memory, full vs sharded (gloo, CPU; medians of {rounds} alternating "
              "rounds; time of the slowest rank, extra peak RSS over the RSS before, largest rank).", "",
              "| params MB | processes | state MB/rank | save s full | save s sharded | sharded ÷ full | load s full "
-             "| load s sharded | sharded ÷ full | save extra MB/rank full / sharded | load extra MB/rank full / sharded "
-             "|", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| load s sharded | sharded ÷ full | save extra MB/rank full / sharded "
+             "| load extra MB/rank full / sharded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (mb, processes), summary in results.items():
         full, ours = summary["contenders"][FULL], summary["contenders"][SHARDED]
         lines.append(

@@ -1,7 +1,8 @@
 """torch.compile on the CPU: `Trainer(compile=True)` against the eager Trainer and a hand-written loop.
 
 A small transformer stack (GPT-style pre-norm blocks, or `nn.TransformerEncoderLayer` with
-`--block encoder`, and a linear head, MSE loss on random targets) trains with AdamW in four loops, on the same data from the same initial weights:
+`--block encoder`, and a linear head, MSE loss on random targets) trains with AdamW in four loops,
+on the same data from the same initial weights:
 
 - **hand, eager**: a plain PyTorch loop;
 - **hand, compiled**: the same loop with `model.forward = torch.compile(model.forward)`;

@@ -65,7 +65,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fittrain import Accelerator, TrainModule, Trainer
+from fittrain import Accelerator, Trainer, TrainModule
 from fittrain.callbacks import MixedPrecision
 
 TARGETS = {"bf16": 0.97}  # on a GPU; the CPU smoke run reports no verdicts
@@ -286,7 +286,8 @@ def run_trainer(work: Workload, precision: str) -> RunResult:
     return RunResult(clock.seconds, work.steps, work.config.tokens_per_step, float(trainer.state.loss))
 
 
-HAND, TRAINER, AA_CONTROL = "hand loop + torch.autocast", "fittrain Trainer.fit + MixedPrecision", "hand loop again (A/A)"
+HAND, TRAINER = "hand loop + torch.autocast", "fittrain Trainer.fit + MixedPrecision"
+AA_CONTROL = "hand loop again (A/A)"
 LOOPS: dict[str, Callable[[Workload, str], RunResult]] = {HAND: run_hand, TRAINER: run_trainer, AA_CONTROL: run_hand}
 
 

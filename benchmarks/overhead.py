@@ -67,11 +67,29 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch
 
 from benchmarks import loaders
-from benchmarks.overhead_loops import (run_accelerator, run_hand, run_hf_accelerate, run_ignite, run_lightning,
-                                       run_trainer, run_trainer_logger, run_trainer_logger_ckpt,
-                                       run_trainer_trackers_best)
-from benchmarks.workload import (BATCH_SIZE, CHECKPOINT_EVERY, HIDDEN, IN_FEATURES, LOGGER_EVERY, OUT_FEATURES,
-                                 RunResult, Workload, make_workload, quiet_per_step)
+from benchmarks.overhead_loops import (
+    run_accelerator,
+    run_hand,
+    run_hf_accelerate,
+    run_ignite,
+    run_lightning,
+    run_trainer,
+    run_trainer_logger,
+    run_trainer_logger_ckpt,
+    run_trainer_trackers_best,
+)
+from benchmarks.workload import (
+    BATCH_SIZE,
+    CHECKPOINT_EVERY,
+    HIDDEN,
+    IN_FEATURES,
+    LOGGER_EVERY,
+    OUT_FEATURES,
+    RunResult,
+    Workload,
+    make_workload,
+    quiet_per_step,
+)
 
 
 # --------------------------------------------------------------------------- which rows run

@@ -16,8 +16,17 @@ from typing import Any, Callable
 import torch
 from torch.nn import functional as F
 
-from benchmarks.workload import (CHECKPOINT_EVERY, LOGGER_EVERY, NUM_BATCHES, Batch, RunResult, TimedList, Workload,
-                                 cycle, result)
+from benchmarks.workload import (
+    CHECKPOINT_EVERY,
+    LOGGER_EVERY,
+    NUM_BATCHES,
+    Batch,
+    RunResult,
+    TimedList,
+    Workload,
+    cycle,
+    result,
+)
 from fittrain import Accelerator, Trainer
 
 

@@ -25,8 +25,18 @@ import torch
 from fittrain.checkpoint import list_checkpoints
 
 from .checks import OTHER_SEED, Outcome, broken_checkpoints, differing, merged, short
-from .children import (JOB_TIMEOUT_S, MODULE, Child, Context, emit, killed_after, on_ranks, role_args,
-                       wait_for_file, wait_until)
+from .children import (
+    JOB_TIMEOUT_S,
+    MODULE,
+    Child,
+    Context,
+    emit,
+    killed_after,
+    on_ranks,
+    role_args,
+    wait_for_file,
+    wait_until,
+)
 from .job import progress
 from .kills import half_written
 from .sharded_rig import ShardedRig
