@@ -274,7 +274,8 @@ class References:
             for run in self._runs():
                 args += [*run, "--then"]
             # Marked as a process that outlives the test that starts it (tests/conftest.py's guard).
-            self.job = Job([sys.executable, *map(str, args[:-1])], env={**job_env(), "FITTRAIN_TEST_SESSION_PROCESS": "1"})
+            self.job = Job([sys.executable, *map(str, args[:-1])],
+                           env={**job_env(), "FITTRAIN_TEST_SESSION_PROCESS": "1"})
             Job.started.remove(self.job)  # shared by the session: its own fixture stops it
 
     def result(self, name: str) -> pathlib.Path:
