@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Trainer, TrainModule
-from fittrain.data import BatchesShard
 from fittrain.callbacks import Checkpointer
+from fittrain.data import BatchesShard
 from fittrain.distributed.gradient_state import GradientState
 
 
@@ -137,7 +137,8 @@ def test_one_shot_iterators_and_unsized_iterables_are_refused_by_name(tmp_path, 
         def __iter__(self):
             return iter(batches)
 
-    for bad, match in (((b for b in batches), "one-shot iterator \\(generator\\)"), (Unsized(), "Unsized, which has no len")):
+    for bad, match in (((b for b in batches), "one-shot iterator \\(generator\\)"),
+                       (Unsized(), "Unsized, which has no len")):
         loaders = {"train_loader": batches, "val_loader": batches, argument: bad}
         with pytest.raises(TypeError, match=f"`{argument}` must be a DataLoader or a .*{match}"):
             Trainer(project_dir=tmp_path).fit(Regressor(), **loaders)

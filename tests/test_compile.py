@@ -140,7 +140,8 @@ def test_bad_dynamo_backends_are_refused_by_name(value, error, words) -> None:
         assert word in str(info.value)
 
 
-@pytest.mark.parametrize("value, options", [(None, None), ("no", None), ("NO", None), ("inductor", {"backend": "inductor"}),
+@pytest.mark.parametrize("value, options", [(None, None), ("no", None), ("NO", None),
+                                            ("inductor", {"backend": "inductor"}),
                                             ("AOT_EAGER", {"backend": "aot_eager"})])
 def test_dynamo_backend_takes_accelerates_spellings(value, options) -> None:
     assert Accelerator(cpu=True, dynamo_backend=value).compile_options == options
@@ -148,7 +149,8 @@ def test_dynamo_backend_takes_accelerates_spellings(value, options) -> None:
 
 def test_compile_applies_to_a_given_accelerator_and_refuses_a_conflict() -> None:
     accelerator = Accelerator(cpu=True)
-    assert Trainer(accelerator=accelerator, compile={"backend": "eager"}).accelerator.compile_options == {"backend": "eager"}
+    trainer = Trainer(accelerator=accelerator, compile={"backend": "eager"})
+    assert trainer.accelerator.compile_options == {"backend": "eager"}
     # The same options twice are fine; compile=False leaves the accelerator's own backend in force.
     assert Trainer(accelerator=Accelerator(cpu=True, dynamo_backend="inductor"), compile=True)
     assert Trainer(accelerator=Accelerator(cpu=True, dynamo_backend="eager")).accelerator.compile_options == {

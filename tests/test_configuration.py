@@ -15,8 +15,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fittrain import Accelerator
-from fittrain.accelerator.configuration import (DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin,
-                                    GradScalerKwargs, InitProcessGroupKwargs)
+from fittrain.accelerator.configuration import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+)
 
 
 def _orders(acc: Accelerator, loader: DataLoader, epochs: int) -> list[list[int]]:
@@ -39,7 +44,8 @@ def test_seedable_sampler_orders_follow_data_seed_and_epoch_not_the_global_rng()
 
 def test_the_default_keeps_the_loaders_own_order() -> None:
     generator = torch.Generator().manual_seed(3)
-    plain = [i for b in DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator) for i in b.tolist()]
+    loader = DataLoader(list(range(10)), batch_size=4, shuffle=True, generator=generator)
+    plain = [i for b in loader for i in b.tolist()]
     prepared = _orders(Accelerator(cpu=True), DataLoader(list(range(10)), batch_size=4, shuffle=True,
                                                          generator=torch.Generator().manual_seed(3)), 1)
     assert prepared == [plain]

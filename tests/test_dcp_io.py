@@ -24,7 +24,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.dcp_io import (
-    METADATA_NAME, RawReader, RawWriter, TensorsOnlyLoadPlanner, _span, metadata_from_json,
+    METADATA_NAME,
+    RawReader,
+    RawWriter,
+    TensorsOnlyLoadPlanner,
+    _span,
+    metadata_from_json,
 )
 
 

@@ -158,8 +158,8 @@ if __name__ == "__main__":
 def test_gan_example_runs_on_two_processes(tmp_path: pathlib.Path) -> None:
     """examples/gan.py under torchrun on 2 gloo processes (DDP): manual optimization with two
     optimizers averages each optimizer's gradients across the processes."""
-    import socket
     import signal
+    import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -21,6 +21,8 @@ import pytest
 
 from fittrain.distributed.launch_guard import LAUNCHER_PID_ENV, guard_worker
 
+_GUARD = "from fittrain.distributed.launch_guard import guard_worker; guard_worker()"
+
 #: Generous bounds for a busy machine; each child imports torch.
 START_TIMEOUT = 120.0
 GONE_TIMEOUT = 30.0
@@ -89,7 +91,7 @@ def test_the_watchdog_stops_a_worker_whose_launcher_was_killed(tmp_path: pathlib
 def test_a_worker_whose_launcher_is_already_gone_stops_at_once() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs: the launcher died before the worker got going
-    worker = subprocess.run(_python("from fittrain.distributed.launch_guard import guard_worker; guard_worker(); print('ran on')"),
+    worker = subprocess.run(_python(f"{_GUARD}; print('ran on')"),
                             env=_env(**{LAUNCHER_PID_ENV: str(gone.pid)}), capture_output=True, text=True,
                             timeout=START_TIMEOUT)
     assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
@@ -101,8 +103,8 @@ def test_a_process_that_is_not_the_launchers_child_is_left_alone() -> None:
     """A worker's own subprocess inherits the variable; while the launcher lives, it runs as usual."""
     with subprocess.Popen(["sleep", "300"]) as sibling:  # alive, but not the child's parent
         try:
-            child = subprocess.run(_python("from fittrain.distributed.launch_guard import guard_worker; guard_worker(); "
-                                           "print('ran on')"), env=_env(**{LAUNCHER_PID_ENV: str(sibling.pid)}),
+            child = subprocess.run(_python(f"{_GUARD}; print('ran on')"),
+                                   env=_env(**{LAUNCHER_PID_ENV: str(sibling.pid)}),
                                    capture_output=True, text=True, timeout=START_TIMEOUT)
         finally:
             sibling.kill()

@@ -11,10 +11,9 @@ import pathlib
 import pytest
 
 from fittrain import Accelerator
-
+from fittrain.accelerator.partial_state import PartialState
 from fittrain.launch import cli
 from fittrain.launch.config import MIXED_PRECISION_ENV
-from fittrain.accelerator.partial_state import PartialState
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-import fittrain.logging
 from fittrain.logging import get_logger
 
 

@@ -69,7 +69,7 @@ def test_accumulation_syncs_every_kth_batch_and_on_the_last_batch():
 
     for _ in range(2):  # the second epoch starts a fresh window
         synced, changed, lrs = [], [], []
-        for i, (x, y) in enumerate(loader, start=1):
+        for x, y in loader:
             before = params(model)
             with accelerator.accumulate(model):
                 accelerator.backward(loss_fn(model, x, y))

@@ -18,12 +18,16 @@ import torch
 from torch import nn
 
 from fittrain import Accelerator
-
 from fittrain.accelerator import checkpointing as checkpoint_methods
-from fittrain.checkpoint import (CheckpointDeletedError, CheckpointError, CheckpointMismatchError, CheckpointReader,
-                                 load_model_weights)
-from fittrain.checkpoint.dcp_io import metadata_from_json
+from fittrain.checkpoint import (
+    CheckpointDeletedError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointReader,
+    load_model_weights,
+)
 from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.dcp_io import metadata_from_json
 
 
 def _run(state_dict_type: str = "sharded", width: int = 8, optimizer: type = torch.optim.AdamW):

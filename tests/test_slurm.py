@@ -16,13 +16,20 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
-
-from fittrain.launch import cli
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
-from fittrain.distributed.slurm import (REQUEUE_ENV, SLURM_ENV, derived_port, expand_hostlist, launch_defaults, requeue,
-                            requeue_job_id, slurm_process)
 from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.slurm import (
+    REQUEUE_ENV,
+    SLURM_ENV,
+    derived_port,
+    expand_hostlist,
+    launch_defaults,
+    requeue,
+    requeue_job_id,
+    slurm_process,
+)
+from fittrain.launch import cli
 
 _CLEARED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", SLURM_ENV, REQUEUE_ENV)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import pathlib
+import shutil
 import threading
 import zlib
 
@@ -371,7 +371,7 @@ def test_write_tensors_handles_views_and_non_ascii_keys(tmp_path):
 
 def test_failed_write_leaves_no_partial_file(tmp_path):
     writer = CheckpointWriter(tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises for a lambda; the point is the file
         writer.write_torch("bad.pt", {"f": lambda: None})  # Lambdas cannot be pickled.
     with pytest.raises(TypeError):
         writer.write_tensors("bad.safetensors", {"a": 1.0})

@@ -308,5 +308,6 @@ def test_bad_outputs_are_refused_naming_the_step(tmp_path):
         Trainer(project_dir=tmp_path).predict(Text(), make_loader())
     with pytest.raises(ValueError, match="would record both metrics 'acc' and 'val_acc' as 'test_acc'"):
         Trainer(project_dir=tmp_path).test(Clash(), make_loader())
-    with pytest.raises(TypeError, match=r"test_step must return a scalar or a dict of scalars. Received: Tensor\(4, 1\)"):
+    expected = r"test_step must return a scalar or a dict of scalars. Received: Tensor\(4, 1\)"
+    with pytest.raises(TypeError, match=expected):
         Trainer(project_dir=tmp_path).test(Vector(), make_loader())

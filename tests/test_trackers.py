@@ -18,8 +18,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from fittrain import Accelerator, ProjectConfiguration
-from fittrain.trackers import (CSVTracker, GeneralTracker, JSONLTracker, LoggerType, NoOpTracker, TensorBoardTracker,
-                               resolve_trackers)
+from fittrain.trackers import (
+    CSVTracker,
+    GeneralTracker,
+    JSONLTracker,
+    LoggerType,
+    NoOpTracker,
+    TensorBoardTracker,
+    resolve_trackers,
+)
 
 
 class ListTracker(GeneralTracker):

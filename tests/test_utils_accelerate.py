@@ -14,8 +14,15 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import fittrain
 from fittrain import Accelerator, PartialState
-from fittrain.utils import (find_executable_batch_size, gather_object, reduce, send_to_device, set_seed,
-                            skip_first_batches, tqdm)
+from fittrain.utils import (
+    find_executable_batch_size,
+    gather_object,
+    reduce,
+    send_to_device,
+    set_seed,
+    skip_first_batches,
+    tqdm,
+)
 
 
 def _draws() -> tuple[float, float, float]:

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from fittrain import Accelerator, DataLoaderConfiguration
-from regression import RegressionDataset, RegressionModel
 from fittrain.utils import ProjectConfiguration, set_seed
+from regression import RegressionDataset, RegressionModel
 
 
 class TrainingProgress:

@@ -41,9 +41,9 @@ Checks that cannot apply on fittrain (each replaced by a `# not applicable on fi
 import pickle
 import tempfile
 import warnings
+
 # not applicable on fittrain: `from unittest.mock import Mock` (used only by the removed
 # test_join_raises_warning_for_non_ddp_distributed)
-
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -57,6 +57,7 @@ from torch.utils.data import (
 
 from fittrain import Accelerator
 from fittrain.utils import DataLoaderConfiguration
+
 # not applicable on fittrain: `DistributedType` (used only to fake FSDP for the removed check)
 
 

@@ -36,23 +36,28 @@ Checks that cannot apply on fittrain (each replaced by a `# not applicable on fi
 """
 
 import logging
+
 # not applicable on fittrain: `import math` (only the removed test_mrpc uses it)
 import os
 from copy import deepcopy
 
 import datasets
+
 # not applicable on fittrain: `import evaluate`, `import transformers`, `from datasets import load_dataset` and
 # `from transformers import AutoModelForSequenceClassification, AutoTokenizer` (only the removed MRPC check uses them)
 import torch
 from torch.utils.data import DataLoader
-# not applicable on fittrain: `IterableDataset` (only the removed GPU/TPU-only iterable-dataset checks use it)
 
+# not applicable on fittrain: `IterableDataset` (only the removed GPU/TPU-only iterable-dataset checks use it)
 from fittrain import Accelerator, DataLoaderConfiguration, DistributedType
+
+# not applicable on fittrain: `torch_device` (only the removed MRPC setup uses it)
+from fittrain.utils import set_seed
+
 # not applicable on fittrain: `from accelerate.data_loader import DataLoaderDispatcher` (an Accelerate-internal
 # class, used only by the removed GPU/TPU-only check)
 from regression import RegressionDataset, RegressionModel
-# not applicable on fittrain: `torch_device` (only the removed MRPC setup uses it)
-from fittrain.utils import set_seed
+
 # not applicable on fittrain: `is_torch_xla_available` (only gated the removed GPU/TPU-only block)
 
 

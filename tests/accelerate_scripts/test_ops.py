@@ -27,10 +27,9 @@ Checks that cannot apply on fittrain (each replaced by a `# not applicable on fi
 import torch
 
 from fittrain import PartialState
-from regression import assert_exception
-from fittrain.utils import DistributedType
 from fittrain.utils import (
     DistributedOperationException,
+    DistributedType,
     broadcast,
     # not applicable on fittrain: copy_tensor_to_devices is used only by the MULTI_GPU/XLA check removed below
     gather,
@@ -38,6 +37,7 @@ from fittrain.utils import (
     pad_across_processes,
     reduce,
 )
+from regression import assert_exception
 
 
 def create_tensor(state):

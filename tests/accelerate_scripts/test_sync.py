@@ -34,11 +34,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 from fittrain import Accelerator
-from fittrain.utils import DataLoaderConfiguration, GradientAccumulationPlugin
+from fittrain.utils import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, set_seed
+
 # not applicable on fittrain: `from accelerate.state import GradientState`, used only for
 # `GradientState._reset_state()` (Accelerate's process-global singleton; fittrain has none)
 from regression import RegressionDataset, RegressionModel
-from fittrain.utils import DistributedType, set_seed
 
 
 def check_model_parameters(model_a, model_b, did_step, iteration, **kwargs):

@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 from torch import nn
 
 from fittrain import Accelerator, DistributedType
-
 from fittrain.distributed import parallel
 from jobs import assert_state_close, assert_state_equal
 

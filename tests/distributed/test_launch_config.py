@@ -15,7 +15,6 @@ import textwrap
 import pytest
 
 from fittrain import Accelerator
-
 from fittrain.launch import cli
 from fittrain.launch.config import ACCUMULATION_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV, worker_environment
 from jobs import free_port, run

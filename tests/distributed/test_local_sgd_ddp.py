@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import torch
+
 from jobs import forked, read_results, run
 
 

@@ -19,7 +19,8 @@ def test_partial_state_utils_decorators_and_triggers_on_two_processes(tmp_path: 
         assert facts["reduce_max"] == [2.0, 10.0] and facts["reduce_min"] == [1.0, 9.0]
         assert facts["broadcast"] == [6] and facts["object_list"] == [{"rank": 0}]  # from process 0 by default
     assert (rank0["is_last"], rank1["is_last"]) == (False, True)
-    assert rank0["ran"] == ["main", "local_main"] and rank1["ran"] == ["last", "one"]  # one machine: rank 1 is local rank 1
+    # One machine: rank 1 is local rank 1.
+    assert rank0["ran"] == ["main", "local_main"] and rank1["ran"] == ["last", "one"]
     assert rank0["padded"] == [1.0, 0.0] and rank1["padded"] == [1.0, 1.0]
     for facts in (rank0, rank1):
         assert facts["pad_mismatch"].startswith("Cannot pad across processes along dim 0")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 
-from jobs import forked, read_results, run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from jobs import forked, read_results, run
 
 
 def test_only_the_main_process_writes_trackers(tmp_path) -> None:

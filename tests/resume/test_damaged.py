@@ -20,10 +20,10 @@ import zlib
 import pytest
 import torch
 
-from resume_jobs import differing
 from fittrain import Callback
 from fittrain.checkpoint import MANIFEST_NAME, CheckpointError
 from fittrain.checkpoint.run_folders import run_folder
+from resume_jobs import differing
 
 
 class _CountBatches(Callback):

@@ -189,8 +189,9 @@ def _saved_one_process_run(folder: Any, loader: Any) -> Any:
 
 
 def test_a_stream_under_way_is_refused_on_another_number_of_processes(tmp_path):
-    from fittrain import CheckpointError
     from torch.utils.data import DataLoader
+
+    from fittrain import CheckpointError
 
     acc = _saved_one_process_run(tmp_path / "ckpt", DataLoader(_Stream(), batch_size=2))
     _as_two_processes(tmp_path / "ckpt")
@@ -203,8 +204,9 @@ def test_a_stream_under_way_is_refused_on_another_number_of_processes(tmp_path):
 
 
 def test_processes_that_disagree_on_the_position_are_refused(tmp_path):
-    from fittrain import CheckpointError
     from torch.utils.data import DataLoader, TensorDataset
+
+    from fittrain import CheckpointError
 
     loader = DataLoader(TensorDataset(torch.arange(8.0).unsqueeze(1)), batch_size=2, shuffle=True)
     acc = _saved_one_process_run(tmp_path / "ckpt", loader)
@@ -216,10 +218,11 @@ def test_processes_that_disagree_on_the_position_are_refused(tmp_path):
 def test_new_ranks_get_rng_states_derived_from_process_0_and_their_rank(tmp_path):
     """Rank 2 of a run resumed from a 2-process checkpoint: a valid state, the same every time,
     and not the state of any other rank; ranks 0 and 1 keep theirs."""
+    from torch.utils.data import DataLoader, TensorDataset
+
     from fittrain.checkpoint import CheckpointReader
     from fittrain.checkpoint.restore import _read_rng_states
     from fittrain.checkpoint.rng import check_rng_state
-    from torch.utils.data import DataLoader, TensorDataset
 
     loader = DataLoader(TensorDataset(torch.arange(8.0).unsqueeze(1)), batch_size=2)
     _saved_one_process_run(tmp_path / "ckpt", loader)

@@ -21,9 +21,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fittrain import Accelerator
-
-from resume_jobs import (OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, checkpoint_meta, differing, forked,
-                         forked_train_job, load_params, load_summary)
+from resume_jobs import (
+    OTHER_SEED,
+    TRAIN_JOB,
+    Job,
+    assert_bitwise_equal,
+    checkpoint_meta,
+    differing,
+    forked,
+    forked_train_job,
+    load_params,
+    load_summary,
+)
 
 BATCHES_PER_EPOCH = 10
 

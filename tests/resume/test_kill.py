@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from resume_jobs import OTHER_SEED, Job, assert_bitwise_equal, load_summary, train_job
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
 from fittrain.checkpoint.run_folders import run_folders
+from resume_jobs import OTHER_SEED, Job, assert_bitwise_equal, load_summary, train_job
 
 JOB_ARGS = ("--checkpoint-every", 1, "--checkpoint-limit", 3, "--slow-save", 0.03)
 KILL_DEADLINE = 60.0

@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
 from fittrain import Callback, Trainer
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE, PreemptionWatcher, ignore_preemption_signals
+from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
 
 
 def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, references):

@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader
 
 from fittrain import Callback, Trainer
 from fittrain.callbacks import Checkpointer, Logger
-
 from stream_data import Numbers, Regressor, StatefulNumbers, fit, hugging_face, interrupted_fit
 
 

@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader
 
 from fittrain import Accelerator
 from fittrain.checkpoint import CheckpointMismatchError
-
 from stream_data import Numbers, ReadyBatches, StatefulNumbers, hugging_face, indices
 
 
@@ -95,7 +94,9 @@ def test_a_checkpoint_mid_pass_continues_with_exactly_the_next_batch(make, warns
 def test_a_torchdata_stateful_dataloader_is_accepted_and_resumed(tmp_path) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    make = lambda: StatefulDataLoader(hugging_face(30, shards=4, buffer_size=5), batch_size=4, num_workers=2)
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(hugging_face(30, shards=4, buffer_size=5), batch_size=4, num_workers=2)
+
     expected, rest, _ = _resume_mid_pass(make, tmp_path, 3)
     assert rest == expected and rest
 

@@ -23,9 +23,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
-
-from fittrain.distributed import parallel
 from fittrain.callbacks import Checkpointer
+from fittrain.distributed import parallel
 
 EVERY = 2
 
@@ -81,7 +80,8 @@ def fit(project: pathlib.Path, monitor: str, mode: str, strategy: str = "auto") 
     # 16 validation samples: 2 batches per rank. Under FSDP every forward is a collective, so
     # ranks with unequal numbers of validation batches would wait for each other forever.
     trainer.fit(module, DataLoader(data(32, 1), batch_size=4, shuffle=True), DataLoader(data(16, 2), batch_size=4))
-    return {"rank": trainer.accelerator.process_index, "seen": seen.values, "best_checkpoint": str(trainer.best_checkpoint), "best_score": trainer.best_score,
+    return {"rank": trainer.accelerator.process_index, "seen": seen.values,
+            "best_checkpoint": str(trainer.best_checkpoint), "best_score": trainer.best_score,
             "weights": {k: v.clone() for k, v in parallel.full_state_dict(module).items()}}
 
 

@@ -18,9 +18,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Trainer, TrainModule
+from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import load_model_weights
 from fittrain.checkpoint.run_folders import run_folder
-from fittrain.callbacks import Checkpointer
 
 
 class Counter:

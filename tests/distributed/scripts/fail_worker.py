@@ -22,7 +22,6 @@ import sys
 import time
 
 import torch
-
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Trainer, TrainModule

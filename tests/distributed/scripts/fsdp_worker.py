@@ -133,7 +133,8 @@ def accelerator_state(out: pathlib.Path) -> dict[str, Any]:
     return {"first": first, "second": second}
 
 
-SCENARIOS = {"rebinding": rebinding, "rebinding_later": rebinding_later, "fsdp_runs": fsdp_runs, "save_model": save_model,
+SCENARIOS = {"rebinding": rebinding, "rebinding_later": rebinding_later, "fsdp_runs": fsdp_runs,
+             "save_model": save_model,
              "optimizer_helpers": optimizer_helpers, "accelerator_state": accelerator_state}
 
 

@@ -9,7 +9,15 @@ import sys
 import torch
 
 from fittrain import Accelerator, PartialState
-from fittrain.utils import DistributedOperationException, broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
+from fittrain.utils import (
+    DistributedOperationException,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+)
 
 out = sys.argv[1]
 state = PartialState()

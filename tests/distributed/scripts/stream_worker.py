@@ -8,6 +8,7 @@ on streams, uninterrupted and interrupted-then-resumed.
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import warnings
 from typing import Any
@@ -17,7 +18,6 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fittrain import Accelerator
-
 from stream_data import Numbers, OwnShards, ReadyBatches, fit, hugging_face, indices, interrupted_fit
 
 
@@ -55,7 +55,7 @@ def resumes(out: pathlib.Path) -> dict[str, Any]:
     for name, make in RESUMED.items():
         for workers in (0, 2):
             folder = out / f"{name}_{workers}"
-            loader = lambda: make(workers)  # noqa: E731
+            loader = functools.partial(make, workers)
             results[f"{name}_{workers}"] = {"full": fit(loader, folder / "full", 12),
                                             "resumed": interrupted_fit(loader, folder / "resumed", 5, 12)}
     return results
