@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
     (nor for `fittrain.utils`' imports).
     """
     if name in ("skip_first_batches", "find_executable_batch_size"):
-        from fittrain import utils
+        from fittrain import utils  # on first use: utils imports much that `import fittrain` need not
 
         return getattr(utils, name)
     if name != "__version__":

@@ -27,6 +27,7 @@ from typing import Any, MutableMapping
 
 import torch.distributed as dist
 
+from fittrain.accelerator.partial_state import PartialState
 from fittrain.common.reprs import short_repr
 
 #: Accelerate's variable for the level of loggers made by `get_logger` without a `log_level`.
@@ -76,12 +77,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             self.logger.log(level, msg, *args, **kwargs)
 
     def _log_in_order(self, level: int, msg: Any, args: tuple[Any, ...], kwargs: MutableMapping[str, Any]) -> None:
-        from fittrain.accelerator.partial_state import (
-            PartialState,  # joins the process group if the environment asks for one
-        )
-
         kwargs["stacklevel"] = kwargs["stacklevel"] + 1  # this method is one more frame above the caller
-        state = PartialState()
+        state = PartialState()  # joins the process group if the environment asks for one
         for turn in range(state.num_processes):
             if turn == state.process_index:
                 self.logger.log(level, msg, *args, **kwargs)
