@@ -9,17 +9,13 @@ still import them from here.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, cast
-
-import torch
+from typing import Any
 
 from fittrain.common.checks import check_choice
-from fittrain.distributed.strategies.fsdp import FSDP2Strategy, gathered_state_dict
 from fittrain.distributed.strategies.parameters import rebind_optimizer
 from fittrain.distributed.wrappers import is_fsdp, unwrap
 
-__all__ = ["STRATEGIES", "STRATEGY_ENV", "check_strategy", "full_state_dict", "is_fsdp", "load_full_state_dict",
-           "load_optimizer_state_dict", "optimizer_state_dict", "rebind_optimizer", "resolve_strategy", "unwrap"]
+__all__ = ["STRATEGIES", "STRATEGY_ENV", "check_strategy", "is_fsdp", "rebind_optimizer", "resolve_strategy", "unwrap"]
 
 STRATEGIES = ("auto", "ddp", "fsdp")
 
@@ -57,36 +53,3 @@ def resolve_strategy(strategy: Any) -> str:
     if strategy == "auto" and from_launcher:
         return check_strategy(from_launcher.lower(), STRATEGY_ENV)
     return strategy
-
-
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The unwrapped model's complete state dict, gathered from shards under FSDP2 (every rank calls
-    it; only the main process gets the tensors). Prefer `Accelerator.get_state_dict`, which asks the
-    run's strategy; this is kept for scripts that have a model and no Accelerator."""
-    model = unwrap(model)
-    if is_fsdp(model):
-        return gathered_state_dict(model)
-    return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-# Transitional: tests/distributed/scripts/fsdp_worker.py calls these three until it asks its Accelerator's
-# `distributed_strategy` (the same methods). FSDP2Strategy's state methods serve sharded and plain models
-# alike and read no process facts, so one built without them is enough here.
-def _state_methods() -> FSDP2Strategy:
-    return FSDP2Strategy(cast(Any, None))
-
-
-def optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Module]) -> dict[str, Any]:
-    """`Strategy.optimizer_state_dict`, for a caller without an Accelerator."""
-    return _state_methods().optimizer_state_dict(optimizer, models)
-
-
-def load_full_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """`Strategy.load_full_state_dict`, for a caller without an Accelerator."""
-    _state_methods().load_full_state_dict(model, state_dict)
-
-
-def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Module],
-                              state_dict: dict[str, Any]) -> None:
-    """`Strategy.load_optimizer_state_dict`, for a caller without an Accelerator."""
-    _state_methods().load_optimizer_state_dict(optimizer, models, state_dict)

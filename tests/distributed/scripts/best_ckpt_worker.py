@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
-from fittrain.distributed import parallel
 
 EVERY = 2
 
@@ -82,7 +81,8 @@ def fit(project: pathlib.Path, monitor: str, mode: str, strategy: str = "auto") 
     trainer.fit(module, DataLoader(data(32, 1), batch_size=4, shuffle=True), DataLoader(data(16, 2), batch_size=4))
     return {"rank": trainer.accelerator.process_index, "seen": seen.values,
             "best_checkpoint": str(trainer.best_checkpoint), "best_score": trainer.best_score,
-            "weights": {k: v.clone() for k, v in parallel.full_state_dict(module).items()}}
+            "weights": {k: v.clone()
+                        for k, v in trainer.accelerator.distributed_strategy.full_state_dict(module).items()}}
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ def ddp_runs(out: pathlib.Path, extra: list[str]) -> dict[str, Any]:
         log: list[int] = []
         params = training.train(acc, batch, n, on_prepared=_count_allreduces(log))
         results[name] = {"params": params, "allreduce_batches": sorted(set(log)),
-                         "model_type": type(acc._models[0]).__name__,
-                         "unwrapped_type": type(acc.unwrap_model(acc._models[0])).__name__}
+                         "model_type": type(acc.prepared.models[0]).__name__,
+                         "unwrapped_type": type(acc.unwrap_model(acc.prepared.models[0])).__name__}
     return results
 
 

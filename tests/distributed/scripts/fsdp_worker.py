@@ -97,12 +97,13 @@ def save_model(out: pathlib.Path) -> dict[str, Any]:
 
 
 def optimizer_helpers(out: pathlib.Path) -> dict[str, Any]:
-    """parallel's full model/optimizer state helpers round-trip through files, bit for bit."""
+    """The strategy's full model/optimizer state methods round-trip through files, bit for bit."""
     acc = Accelerator(strategy="fsdp")
     model, optimizer, loader = _prepared(acc)
     _epoch(acc, model, optimizer, loader)
-    model_state = parallel.full_state_dict(model)
-    optimizer_state = parallel.optimizer_state_dict(optimizer, [model])
+    strategy = acc.distributed_strategy
+    model_state = strategy.full_state_dict(model)
+    optimizer_state = strategy.optimizer_state_dict(optimizer, [model])
     position = loader.state_dict()
     if acc.is_main_process:
         torch.save({"model": model_state, "optimizer": optimizer_state}, out / "full_state.pt")
@@ -110,8 +111,8 @@ def optimizer_helpers(out: pathlib.Path) -> dict[str, Any]:
     first = _epoch(acc, model, optimizer, loader)
     # Every rank reads the full state, as load_state does, and keeps its own shard of it.
     full = torch.load(out / "full_state.pt", weights_only=True)
-    parallel.load_full_state_dict(model, full["model"])
-    parallel.load_optimizer_state_dict(optimizer, [model], full["optimizer"])
+    strategy.load_full_state_dict(model, full["model"])
+    strategy.load_optimizer_state_dict(optimizer, [model], full["optimizer"])
     loader.load_state_dict(position)
     second = _epoch(acc, model, optimizer, loader)
     return {"first": first, "second": second, "saved_keys": sorted(optimizer_state.get("state", {}))}
