@@ -78,4 +78,7 @@ def main(script: str, argv: list[str], env: dict[str, str], cwd: str, log_path: 
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
+    # The parent also reads the code from here, should the forkserver's report of this exit not reach it.
+    with open(log_path + ".exit", "w") as written:
+        written.write(str(code))
     os._exit(code)

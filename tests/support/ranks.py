@@ -87,6 +87,23 @@ def rank_env(base: dict[str, str], rank: int, nproc: int, port: int) -> dict[str
     return env
 
 
+#: Appended to a rank's log path: the file where the rank writes its exit code as it ends.
+EXIT_SUFFIX = ".exit"
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process `pid` still exists (a rank is the forkserver's child, which reaps it)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _kill(proc: multiprocessing.process.BaseProcess) -> None:
     """Kills a rank with everything it started (each rank leads a session of its own)."""
     if proc.pid is None:
@@ -138,8 +155,26 @@ class Job:
         """Rank 0's process id."""
         return self.procs[0].pid
 
+    def _exit_code(self, rank: int) -> int | None:
+        """Rank `rank`'s exit code, None while it runs.
+
+        The forkserver reports a rank's exit on its sentinel; in rare full-suite runs that report
+        never came although the rank had ended (the wait then lasted to the deadline), so a rank
+        also leaves its code in a file as its last act (rank_main.main), read once its process is gone.
+        """
+        proc = self.procs[rank]
+        if proc.exitcode is not None:
+            return proc.exitcode
+        written = pathlib.Path(self.log_paths[rank] + EXIT_SUFFIX)
+        if not written.is_file() or _alive(proc.pid):
+            return None
+        return int(written.read_text() or "1")
+
+    def _codes(self) -> list[int | None]:
+        return [self._exit_code(rank) for rank in range(len(self.procs))]
+
     def running(self) -> bool:
-        return any(proc.exitcode is None for proc in self.procs)
+        return any(code is None for code in self._codes())
 
     def wait(self, timeout: float) -> bool:
         """Waits until every rank ended, or one failed (torchrun then stops the others, and so does
@@ -149,12 +184,14 @@ class Job:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            multiprocessing.connection.wait([p.sentinel for p in self.procs if p.exitcode is None], timeout=left)
-        self.codes = [proc.exitcode for proc in self.procs]  # before the survivors of a failure are killed
+            # In slices of a second, so that a rank whose sentinel stays silent is still seen to end.
+            multiprocessing.connection.wait([p.sentinel for p in self.procs if p.exitcode is None],
+                                            timeout=min(left, 1.0))
+        self.codes = self._codes()  # before the survivors of a failure are killed
         return True
 
     def failed(self) -> bool:
-        return any(proc.exitcode not in (None, 0) for proc in self.procs)
+        return any(code not in (None, 0) for code in self._codes())
 
     @property
     def returncode(self) -> int | None:
@@ -171,10 +208,14 @@ class Job:
 
     def close(self) -> None:
         """Kills the ranks still running (with their children), stops the store, removes the logs."""
-        for proc in self.procs:
-            if proc.exitcode is None:
+        for rank, proc in enumerate(self.procs):
+            if self._exit_code(rank) is None:
                 _kill(proc)
-            proc.join(timeout=30)  # a SIGKILLed process ends at once; the bound guards the unexpected
+                proc.join(timeout=30)  # a SIGKILLed process ends at once; the bound guards the unexpected
+            elif proc.exitcode is None:
+                # Ended, by its exit file, without a report from the forkserver: forget it, or
+                # multiprocessing would join it at interpreter exit and wait for that report forever.
+                multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
         self._store = None
         self._logs.cleanup()
 
