@@ -6,6 +6,9 @@ from typing import Any
 
 import torch
 
+from fittrain.accelerator.accelerator import Accelerator
+from fittrain.accelerator.configuration import DataLoaderConfiguration
+
 
 def prepare_data_loader(dataloader: Any, device: torch.device | str | None = None, num_processes: int | None = None,
                         process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
@@ -22,9 +25,6 @@ def prepare_data_loader(dataloader: Any, device: torch.device | str | None = Non
         ValueError: for a process layout that is not the group's, or an option fittrain does not
             have (`slice_fn_for_dispatch`, `torch_device_mesh`, `dispatch_batches=True`).
     """
-    from fittrain.accelerator.accelerator import Accelerator  # here: the Accelerator imports this package
-    from fittrain.accelerator.configuration import DataLoaderConfiguration
-
     for name, value in (("slice_fn_for_dispatch", slice_fn_for_dispatch), ("torch_device_mesh", torch_device_mesh)):
         if value is not None:
             raise ValueError(f"prepare_data_loader({name}=...) is not supported: every fittrain process reads its own "
