@@ -61,14 +61,7 @@ def check_positive_int(name: str, value: Any, *, owner: str | None = None, optio
         ArgumentTypeError: for anything but an int (a bool, a float, a str).
         ValueError: for an int below 1.
     """
-    if value is None and optional:
-        return None
-    wanted = wanted or ("a positive integer or None" if optional else "a positive integer")
-    if not is_int(value):
-        raise _refuse(ArgumentTypeError, name, value, owner, wanted, fix)
-    if value < 1:
-        raise _refuse(ValueError, name, value, owner, wanted, fix)
-    return value
+    return _check_int_at_least(1, "a positive integer", name, value, owner, optional, wanted, fix)
 
 
 def check_non_negative_int(name: str, value: Any, *, owner: str | None = None, optional: bool = False,
@@ -81,12 +74,17 @@ def check_non_negative_int(name: str, value: Any, *, owner: str | None = None, o
         ArgumentTypeError: for anything but an int (a bool, a float, a str).
         ValueError: for a negative int.
     """
+    return _check_int_at_least(0, "a non-negative integer", name, value, owner, optional, wanted, fix)
+
+
+def _check_int_at_least(least: int, kind: str, name: str, value: Any, owner: str | None, optional: bool,
+                        wanted: str | None, fix: str) -> Any:
     if value is None and optional:
         return None
-    wanted = wanted or ("a non-negative integer or None" if optional else "a non-negative integer")
+    wanted = wanted or (f"{kind} or None" if optional else kind)
     if not is_int(value):
         raise _refuse(ArgumentTypeError, name, value, owner, wanted, fix)
-    if value < 0:
+    if value < least:
         raise _refuse(ValueError, name, value, owner, wanted, fix)
     return value
 
