@@ -39,6 +39,18 @@ _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.exec"})
 _started_key = pytest.StashKey[list]()
 
 
+#: Most workers `-n auto` starts: each holds a forkserver with torch imported and runs multi-process
+#: jobs of its own, so a many-core machine gains little past this and pays in memory.
+MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml's addopts): one worker per core this process may run on, at most
+    `MAX_WORKERS`. On the 2-core machine that is 2, which overlaps one worker's process starts
+    (importing torch) with the other's tests."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_started_key] = []
     sys.addaudithook(lambda event, args: _record(config, event, args))

@@ -132,7 +132,7 @@ def main() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         facts["latest"] = attempt(latest, None)
-    facts["latest"]["warned"] = [str(w.message)[:300] for w in caught if "Skipping checkpoint" in str(w.message)]
+    facts["latest"]["warned"] = [str(w.message) for w in caught if "Skipping checkpoint" in str(w.message)]
     facts["latest"]["equal_to_first"] = snapshot(latest)["model"] == at_first["model"]
     facts["first"], facts["newest"] = first.name, newest.name
     (out / f"strict{accelerator.process_index}.json").write_text(json.dumps(facts))
