@@ -72,10 +72,11 @@ def test_event_order_with_accumulation_and_validation(tmp_path):
     batch = ["on_train_batch_start", "on_before_backward", "on_after_backward"]
     sync = ["on_before_optimizer_step"]
     end = ["on_train_batch_end"]
-    expected = (["on_fit_start", "on_train_epoch_start"]
+    val_batch = ["on_validation_batch_start", "on_validation_batch_end"]
+    expected = (["on_fit_start", "on_train_start", "on_train_epoch_start"]
                 + batch + end + batch + sync + end + batch + end + batch + sync + end
-                + ["on_validation_start", "on_validation_batch_end", "on_validation_batch_end", "on_validation_end",
-                   "on_train_epoch_end", "on_fit_end"])
+                + ["on_validation_start", *val_batch, *val_batch, "on_validation_end",
+                   "on_train_epoch_end", "on_train_end", "on_fit_end"])
     assert rec.events == expected
 
 

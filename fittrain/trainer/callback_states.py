@@ -1,26 +1,46 @@
-"""All callbacks' states as one object that checkpoints save and restore (custom_checkpoint_1.pt)."""
+"""All callbacks' states, and what the module's checkpoint hooks keep, as one object that
+checkpoints save and restore (custom_checkpoint_1.pt)."""
 
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from fittrain.trainer.events import Callback
+from fittrain.trainer.module_hooks import overrides
+
+if TYPE_CHECKING:
+    from fittrain.trainer.module import TrainModule
 
 
 class CallbackStates:
-    """All callbacks' states as one checkpointed object, keyed by position and class name."""
+    """All callbacks' states as one checkpointed object, keyed by position and class name, and the
+    entries the module's `on_save_checkpoint(checkpoint)` adds, under "module:<class name>".
 
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
+    Args:
+        callbacks: The Trainer's callbacks.
+        module: The module being fitted; its checkpoint hooks run only if its class overrides them.
+    """
+
+    def __init__(self, callbacks: Sequence[Callback], module: "TrainModule | None" = None) -> None:
         self.callbacks = callbacks
+        self.module = module
+
+    def _module_key(self) -> str:
+        return f"module:{type(self.module).__name__}"  # callbacks' keys start with a digit: never the same
 
     def state_dict(self) -> dict[str, Any]:
         states = {}
         for i, cb in enumerate(self.callbacks):
             states[f"{i}:{type(cb).__name__}"] = state = cb.state_dict()
-            check_loadable(cb, state)
+            check_loadable(cb, state, "state_dict() returned")
+        if self.module is not None and overrides(self.module, "on_save_checkpoint"):
+            checkpoint: dict[str, Any] = {}
+            self.module.on_save_checkpoint(checkpoint)
+            check_loadable(self.module, checkpoint, "on_save_checkpoint(checkpoint) put into checkpoint")
+            states[self._module_key()] = checkpoint
         return states
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -28,10 +48,12 @@ class CallbackStates:
             saved = state.get(f"{i}:{type(cb).__name__}")
             if saved:
                 cb.load_state_dict(saved)
+        if self.module is not None and overrides(self.module, "on_load_checkpoint"):
+            self.module.on_load_checkpoint(dict(state.get(self._module_key(), {})))
 
 
-def check_loadable(callback: Callback, state: Any) -> None:
-    """Fails at save time, naming the callback, for state a checkpoint could not load back."""
+def check_loadable(owner: Any, state: Any, what: str = "state_dict() returned") -> None:
+    """Fails at save time, naming the callback (or module), for state a checkpoint could not load back."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
@@ -39,6 +61,6 @@ def check_loadable(callback: Callback, state: Any) -> None:
         torch.load(buffer, weights_only=True)
     except Exception as err:
         raise TypeError(
-            f"{type(callback).__name__}.state_dict() returned state that a checkpoint cannot load back safely "
-            f"(torch.load(weights_only=True) refuses it: {str(err).splitlines()[0]}). Return tensors, Python "
+            f"{type(owner).__name__}.{what} state that a checkpoint cannot load back safely "
+            f"(torch.load(weights_only=True) refuses it: {str(err).splitlines()[0]}). Use tensors, Python "
             "numbers, strings, lists, tuples, dicts or None, e.g. float(x) or torch.from_numpy(a).") from None

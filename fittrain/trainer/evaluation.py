@@ -71,11 +71,16 @@ class Evaluation:
 
     Attributes:
         averager: Where `self.log` values go while a loop runs (`Trainer.record`), else None.
+        batch, batch_idx, outputs: The batch being evaluated, its index in the loop, and what the
+            step returned for it (the module's hooks receive them: fittrain/trainer/module_hooks.py).
     """
 
     def __init__(self, accelerator: "Accelerator", fire: Callable[[Event], None]) -> None:
         self.accelerator = accelerator
         self.averager: ValidationAverager | None = None
+        self.batch: Any = None
+        self.batch_idx = 0
+        self.outputs: Any = None
         self._fire = fire
         # One prepared loader per (loader, padding rule), so repeated calls don't pile up data positions.
         self._loaders: dict[tuple[int, bool], Any] = {}
@@ -101,19 +106,25 @@ class Evaluation:
             self.averager = None
             module.train(was_training)
 
-    def average(self, runner: StepRunner, loader: Any, method: str, batch_end: Event) -> dict[str, float]:
+    def average(self, runner: StepRunner, loader: Any, method: str, events: tuple[Event, Event]) -> dict[str, float]:
         """Runs `module.<method>(batch)` on every batch and returns its metrics averaged over every
-        sample of every process, firing `batch_end` after each batch. All processes must call it."""
+        sample of every process, firing `events` (batch start, batch end) around each batch. All
+        processes must call it."""
         acc = self.accelerator
+        batch_start, batch_end = events
         averager = ValidationAverager(acc.device)
         batches = _in_lockstep(loader, acc) if _forward_is_collective(acc, runner) else ((b, True) for b in loader)
         with self._evaluating(runner.module):
-            for batch, counted in batches:
+            for self.batch_idx, (batch, counted) in enumerate(batches):
                 # A repeated batch only keeps this process in step with the others: it is not counted.
                 target = self.averager = averager if counted else ValidationAverager(acc.device)
+                self.batch = batch
+                if counted:
+                    self._fire(batch_start)
                 target.start_batch(batch)
                 with acc.autocast():
-                    target.add_output(runner(method, batch), method)
+                    self.outputs = runner(method, batch)
+                    target.add_output(self.outputs, method)
                 if counted:
                     self._fire(batch_end)
         return averager.result(acc)
@@ -123,9 +134,11 @@ class Evaluation:
         every sample's output once, in the loader's order, on the CPU, on every process."""
         acc, rounds = self.accelerator, []
         with self._evaluating(runner.module):
-            for batch in loader:
+            for self.batch_idx, batch in enumerate(loader):
+                self.batch = batch
+                self._fire(Event.PREDICT_BATCH_START)
                 with acc.autocast():
-                    output = runner("predict_step", batch)
+                    self.outputs = output = runner("predict_step", batch)
                 _check_prediction(output)
                 # Gathered per round while the loader still says which samples of it were padding.
                 rounds.append(send_to_device(acc.gather_for_metrics(output), _CPU))

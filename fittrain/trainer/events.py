@@ -1,8 +1,9 @@
-"""Lifecycle events and the `Callback` base class.
+"""Lifecycle events, the `Callback` base class, and the dispatcher that fires them.
 
 The loop that fires them, in the order `Trainer.fit` runs it::
 
     on_fit_start                      before prepare(): a callback may still configure trainer.accelerator
+    on_train_start                    after prepare() and after a resumed checkpoint was loaded
     for each epoch:
         on_train_epoch_start
         for each batch:
@@ -20,33 +21,38 @@ The loop that fires them, in the order `Trainer.fit` runs it::
             end the epoch here if that validation set trainer.state.should_stop
         if validating at the end of this epoch (every val_every_n_epochs; never with val_every_n_steps):
             on_validation_start
-            on_validation_batch_end  (once per validation batch)
+            on_validation_batch_start, on_validation_batch_end  (around each validation batch)
             on_validation_end                         # EarlyStop decides here
         on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here
         stop if trainer.state.should_stop
+    on_train_end
     on_fit_end
     on_exception(trainer, exception)   instead of the rest, when anything raises; then it re-raises
 
 `Trainer.validate`, `Trainer.test` and `Trainer.predict` run outside fit (or after it) and fire
 only their own events (not on_exception), after the module and the loader are prepared::
 
-    on_validation_start, on_validation_batch_end (each batch), on_validation_end    validate
+    on_validation_start, on_validation_batch_start/_end (each batch), on_validation_end    validate
     on_test_start                     then test_step (or validation_step) on each batch
-        on_test_batch_end  (once per test batch)
+        on_test_batch_start, on_test_batch_end  (around each test batch)
     on_test_end                       trainer.state.metrics holds the averaged test_* metrics
     on_predict_start                  then predict_step on each batch; each round gathered
-        on_predict_batch_end  (once per batch)
+        on_predict_batch_start, on_predict_batch_end  (around each batch)
     on_predict_end                    before predict() returns the outputs
 
 A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
 saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
 next batch and does not validate again. An epoch never validates twice at one step: with
 val_every_n_steps there is no validation at epoch ends.
+
+The module takes part too (fittrain/trainer/module_hooks.py): at each event its own hooks, under
+Lightning's names and arguments, run first, then the callbacks' hooks in list order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -60,6 +66,7 @@ class Event(str, enum.Enum):
     """Every hook a callback may implement, named as the method it calls."""
 
     FIT_START = "on_fit_start"
+    TRAIN_START = "on_train_start"
     TRAIN_EPOCH_START = "on_train_epoch_start"
     TRAIN_BATCH_START = "on_train_batch_start"
     BEFORE_BACKWARD = "on_before_backward"
@@ -67,15 +74,19 @@ class Event(str, enum.Enum):
     BEFORE_OPTIMIZER_STEP = "on_before_optimizer_step"
     TRAIN_BATCH_END = "on_train_batch_end"
     VALIDATION_START = "on_validation_start"
+    VALIDATION_BATCH_START = "on_validation_batch_start"
     VALIDATION_BATCH_END = "on_validation_batch_end"
     VALIDATION_END = "on_validation_end"
     TRAIN_EPOCH_END = "on_train_epoch_end"
+    TRAIN_END = "on_train_end"
     FIT_END = "on_fit_end"
     EXCEPTION = "on_exception"
     TEST_START = "on_test_start"
+    TEST_BATCH_START = "on_test_batch_start"
     TEST_BATCH_END = "on_test_batch_end"
     TEST_END = "on_test_end"
     PREDICT_START = "on_predict_start"
+    PREDICT_BATCH_START = "on_predict_batch_start"
     PREDICT_BATCH_END = "on_predict_batch_end"
     PREDICT_END = "on_predict_end"
 
@@ -122,6 +133,9 @@ class Callback:
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Before prepare(): configure `trainer.accelerator` here."""
 
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """After prepare() and after a resumed checkpoint was loaded, before the first epoch."""
+
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """At the start of each training epoch."""
 
@@ -143,6 +157,9 @@ class Callback:
     def on_validation_start(self, trainer: "Trainer") -> None:
         """Before the validation loop."""
 
+    def on_validation_batch_start(self, trainer: "Trainer") -> None:
+        """Before each validation batch."""
+
     def on_validation_batch_end(self, trainer: "Trainer") -> None:
         """After each validation batch."""
 
@@ -151,6 +168,9 @@ class Callback:
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
         """At the end of each epoch, after its validation."""
+
+    def on_train_end(self, trainer: "Trainer") -> None:
+        """After the last epoch (or step) trained, before `on_fit_end`."""
 
     def on_fit_end(self, trainer: "Trainer") -> None:
         """Once training finished normally."""
@@ -161,6 +181,9 @@ class Callback:
     def on_test_start(self, trainer: "Trainer") -> None:
         """In `Trainer.test`, before the first batch (the module and loader are prepared)."""
 
+    def on_test_batch_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.test`, before each batch."""
+
     def on_test_batch_end(self, trainer: "Trainer") -> None:
         """In `Trainer.test`, after each batch."""
 
@@ -169,6 +192,9 @@ class Callback:
 
     def on_predict_start(self, trainer: "Trainer") -> None:
         """In `Trainer.predict`, before the first batch (the module and loader are prepared)."""
+
+    def on_predict_batch_start(self, trainer: "Trainer") -> None:
+        """In `Trainer.predict`, before each batch."""
 
     def on_predict_batch_end(self, trainer: "Trainer") -> None:
         """In `Trainer.predict`, after each batch's outputs were gathered."""
@@ -216,19 +242,40 @@ def _check_callback(callback: Any) -> None:
             "`callbacks` must hold Callback instances. "
             f"Received: {short_repr(callback)} (type {type(callback).__name__}). Subclass fittrain.Callback."
         )
-    typos = [n for n in dir(type(callback)) if n.startswith("on_") and n not in EVENT_NAMES]
-    if typos:
+    for name in sorted(n for n in dir(type(callback)) if n.startswith("on_") and n not in EVENT_NAMES):
+        near = nearest_hook(name, EVENT_NAMES)
         raise ValueError(
-            f"{type(callback).__name__} defines {', '.join(typos)}, which is not an event, so it would never run. "
-            f"Valid hook names: {', '.join(EVENT_NAMES)}."
+            f"{type(callback).__name__} defines {name}, which is not an event, so it would never run. "
+            + (f"Did you mean {near}? " if near else "") + f"Valid hook names: {', '.join(EVENT_NAMES)}."
         )
 
 
+#: Hook names of Lightning 1.x (and a few Lightning hooks fittrain has no event for) -> the hook to use.
+_RENAMED = {"on_epoch_start": "on_train_epoch_start", "on_epoch_end": "on_train_epoch_end",
+            "on_batch_start": "on_train_batch_start", "on_batch_end": "on_train_batch_end",
+            "on_pretrain_routine_start": "on_fit_start", "on_pretrain_routine_end": "on_train_start",
+            "on_before_zero_grad": "on_before_optimizer_step"}
+
+
+def nearest_hook(name: str, hooks: Iterable[str]) -> str | None:
+    """The hook that `name` most likely meant: its Lightning 1.x successor, else the closest spelling."""
+    hooks = list(hooks)
+    if _RENAMED.get(name) in hooks:
+        return _RENAMED[name]
+    near = difflib.get_close_matches(name, hooks, n=1, cutoff=0.5)
+    return near[0] if near else None
+
+
+#: (label for error notes, hook) pairs per event; a hook is called as hook(trainer).
+Hooks = dict[Event, tuple[tuple[str, Callable[..., None]], ...]]
+
+
 class EventDispatcher:
-    """Calls each event's hook on the callbacks that override it, in list order.
+    """Calls each event's hooks: the module's (fittrain/trainer/module_hooks.py), then those of the
+    callbacks that override it, in list order.
 
     Hooks are looked up once, here, so firing an event nobody listens to is a loop over an
-    empty tuple. A hook's exception keeps its type and gains a note naming callback and event.
+    empty tuple. A hook's exception keeps its type and gains a note naming hook and event.
 
     Args:
         callbacks: Callback instances.
@@ -242,19 +289,26 @@ class EventDispatcher:
         for callback in callbacks:
             _check_callback(callback)
         self.callbacks = list(callbacks)
-        # Decided once: an event no callback overrides is a loop over an empty tuple on the per-step path.
-        self._hooks: dict[Event, tuple[tuple[Callback, Callable[..., None]], ...]] = {
-            event: tuple((cb, getattr(cb, event.value)) for cb in self.callbacks if _overrides(cb, event.value))
+        self._callback_hooks: Hooks = {
+            event: tuple((f"callback {type(cb).__name__}.{event.value}", getattr(cb, event.value))
+                         for cb in self.callbacks if _overrides(cb, event.value))
             for event in Event
         }
+        # Decided once per module: an event nobody overrides is a loop over an empty tuple per step.
+        self._hooks: Hooks = self._callback_hooks
+
+    def use_module_hooks(self, module_hooks: Hooks) -> None:
+        """Runs `module_hooks` (the module's own, bound by module_hooks.bind_module_hooks) before the
+        callbacks' at each event, replacing those of a previous module."""
+        self._hooks = {event: module_hooks.get(event, ()) + hooks for event, hooks in self._callback_hooks.items()}
 
     def fire(self, event: Event, trainer: "Trainer") -> None:
         """Runs `event`'s hooks with `trainer`."""
-        for callback, hook in self._hooks[event]:
+        for label, hook in self._hooks[event]:
             try:
                 hook(trainer)
             except Exception as exc:
-                exc.add_note(f"Raised in callback {type(callback).__name__}.{event.value}.")
+                exc.add_note(f"Raised in {label}.")
                 raise
 
     def run_requests(self) -> list[tuple[Callback, RunRequest]]:
@@ -263,8 +317,8 @@ class EventDispatcher:
 
     def fire_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Runs `on_exception` hooks; their own errors are noted on the original, never raised."""
-        for callback, hook in self._hooks[Event.EXCEPTION]:
+        for label, hook in self._hooks[Event.EXCEPTION]:
             try:
                 hook(trainer, exception)
             except Exception as inner:  # the original exception is the one users must see
-                exception.add_note(f"{type(callback).__name__}.on_exception also raised: {inner!r}")
+                exception.add_note(f"{label} also raised: {inner!r}")

@@ -127,6 +127,10 @@ class ManualOptimization:
         # Whether the current batch starts an accumulation window (a checkpoint is only ever saved at
         # the end of one, so a fit or resume starts with a window).
         self.window_start = True
+        # The batch's training_step output and the loss of the last manual_backward, for the module's
+        # hooks (on_train_batch_end(outputs, ...), on_before_backward(loss)).
+        self.outputs: Any = None
+        self.loss: Any = None
 
     def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         prepared = self.accelerator.prepare(scheduler)
@@ -143,7 +147,7 @@ class ManualOptimization:
         with acc.accumulate(self.model):
             try:
                 with acc.autocast():
-                    output = self._run("training_step", batch)
+                    self.outputs = output = self._run("training_step", batch)
             finally:
                 self.window_start = acc.sync_gradients  # the next batch starts a window after this one ends it
             loss = extract_loss(output.get("loss") if isinstance(output, dict) else output)
@@ -164,6 +168,7 @@ class ManualOptimization:
                                                        else "") + ". Pass the loss itself, not loss.item() or a "
                 "detached copy, and compute it outside torch.no_grad().")
         fire = self.trainer.events.fire
+        self.loss = loss
         fire(Event.BEFORE_BACKWARD, self.trainer)
         # training_step runs under autocast; backward should not (PyTorch's AMP rule).
         device_type = self.accelerator.device.type

@@ -22,14 +22,20 @@ import torch
 from torch import nn
 
 from fittrain.trainer.manual import clip_gradients
+from fittrain.trainer.module_hooks import LifecycleHooks
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
 
 
-class TrainModule(nn.Module):
+class TrainModule(LifecycleHooks, nn.Module):
     """An nn.Module that knows how to train itself: a step, an optional validation step, and
     its optimizer; optionally, a test step and a prediction step.
+
+    It takes part in the loop like a callback: override any of Lightning's hooks it inherits
+    (`on_train_epoch_end`, `on_validation_epoch_end`, `on_train_batch_end(outputs, batch,
+    batch_idx)`, `on_save_checkpoint(checkpoint)`, ...; fittrain/trainer/module_hooks.py). A
+    method named `on_*` that is no hook is refused when fit starts, as for callbacks.
 
     While fitting, `self.trainer`, `self.device`, `self.global_step` and `self.current_epoch`
     tell where training stands, and `self.log(name, value)` records a metric.

@@ -50,6 +50,10 @@ class AutomaticOptimization:
         self.trainer, self.model, self.optimizer, self.schedule = trainer, model, optimizer, schedule
         self.optimizers = [optimizer]
         self.schedulers = [schedule.scheduler] if schedule.scheduler else []
+        # The batch's training_step output and the loss backward runs on, for the module's hooks
+        # (on_train_batch_end(outputs, ...), on_before_backward(loss)).
+        self.outputs: Any = None
+        self.loss: Any = None
         self._run = StepRunner(model, module, trainer.accelerator.distributed_strategy)
 
     def train_batch(self, batch: Any) -> bool:
@@ -58,7 +62,8 @@ class AutomaticOptimization:
         acc, fire, state = trainer.accelerator, trainer.events.fire, trainer.state
         with acc.accumulate(self.model):
             with acc.autocast():
-                loss = extract_loss(self._run("training_step", batch))
+                self.outputs = self._run("training_step", batch)
+            self.loss = loss = extract_loss(self.outputs)
             if loss is None:
                 warn_once(trainer, "training_step returned None: the batch is skipped (no backward, no step).")
                 return False

@@ -29,6 +29,7 @@ from fittrain.trainer.evaluation import Evaluation, as_test_metrics, check_input
 from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
 from fittrain.trainer.manual import ManualOptimization
 from fittrain.trainer.module import TrainModule
+from fittrain.trainer.module_hooks import bind_module_hooks
 from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimization
 from fittrain.trainer.parts import (
     StepRunner,
@@ -128,6 +129,7 @@ class Trainer:
         self.lr_schedule = Schedule()  # steps the scheduler at the loop's fixed points (fittrain/trainer/schedules.py)
         self.train_loader: Any = None
         self.val_loader: Any = None
+        self.batch: Any = None  # the training batch of state.batch_idx (the module's batch hooks receive it)
         self.evaluation = Evaluation(accelerator, self._fire)  # the validation, test and predict loops
         # Set by a Checkpointer that monitors a metric (save_top_k): the best checkpoint so far.
         self.best_checkpoint: pathlib.Path | None = None
@@ -167,13 +169,16 @@ class Trainer:
         """
         resume = self._start_run()
         self._check_inputs(module, train_loader, val_loader)
+        hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
         self.module, self.state = module, TrainState()
         module.attach(self)
+        self.events.use_module_hooks(hooks)
         fire, state = self._fire, self.state
         try:
             with self.preemption:
                 fire(Event.FIT_START)  # before prepare(): callbacks may still configure the Accelerator
                 self._setup(module, train_loader, val_loader, resume)
+                fire(Event.TRAIN_START)
                 while not self._finished():
                     fire(Event.TRAIN_EPOCH_START)
                     module.train()
@@ -196,6 +201,7 @@ class Trainer:
                     fire(Event.TRAIN_EPOCH_END)
                     state.epoch += 1
                     state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
+                fire(Event.TRAIN_END)
                 fire(Event.FIT_END)
         except BaseException as exc:
             self.events.fire_exception(self, exc)
@@ -210,7 +216,7 @@ class Trainer:
         start = self.train_loader.position.batches_consumed
         index = -1
         for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
-            self.state.batch_idx = index
+            self.state.batch_idx, self.batch = index, batch
             yield batch
         if index < 0 and start == 0:
             raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
@@ -279,7 +285,8 @@ class Trainer:
     def _validate(self, loader: Any) -> dict[str, float]:
         """Validates on a prepared loader: the loop of `validate` and of validation during fit."""
         self._fire(Event.VALIDATION_START)
-        results = self.evaluation.average(self._runner, loader, "validation_step", Event.VALIDATION_BATCH_END)
+        results = self.evaluation.average(self._runner, loader, "validation_step",
+                                          (Event.VALIDATION_BATCH_START, Event.VALIDATION_BATCH_END))
         self.state.raw_metrics.update(results)
         self._fire(Event.VALIDATION_END)
         return results
@@ -304,7 +311,8 @@ class Trainer:
         self._use_module(module)
         loader = self.evaluation.prepare_loader(loader)
         self._fire(Event.TEST_START)
-        results = as_test_metrics(self.evaluation.average(self._runner, loader, method, Event.TEST_BATCH_END))
+        results = as_test_metrics(self.evaluation.average(self._runner, loader, method,
+                                                           (Event.TEST_BATCH_START, Event.TEST_BATCH_END)))
         self.state.raw_metrics.update(results)
         self._fire(Event.TEST_END)
         return results
@@ -348,8 +356,10 @@ class Trainer:
         """Attaches and prepares `module` for evaluation, unless it is the module the Trainer runs (after fit)."""
         if self.module is module:
             return
+        hooks = bind_module_hooks(module)
         self.module = module
         module.attach(self)
+        self.events.use_module_hooks(hooks)
         self.model = self.accelerator.prepare(module)
         # Each step is autocast whole, as in fit, so the per-forward fp32 wrapper is redundant; outputs
         # then have the same dtype whether or not the module was fitted first.
@@ -369,7 +379,7 @@ class Trainer:
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
-        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks))
+        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module))
         if resume.checkpoint is not None:
             load_resumed(self, resume)
 
