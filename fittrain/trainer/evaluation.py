@@ -123,7 +123,7 @@ class Evaluation:
                     self._fire(batch_start)
                 target.start_batch(batch)
                 with acc.autocast():
-                    self.outputs = runner(method, batch)
+                    self.outputs = runner(method, batch, self.batch_idx)
                     target.add_output(self.outputs, method)
                 if counted:
                     self._fire(batch_end)
@@ -138,7 +138,7 @@ class Evaluation:
                 self.batch = batch
                 self._fire(Event.PREDICT_BATCH_START)
                 with acc.autocast():
-                    self.outputs = output = runner("predict_step", batch)
+                    self.outputs = output = runner("predict_step", batch, self.batch_idx)
                 _check_prediction(output)
                 # Gathered per round while the loader still says which samples of it were padding.
                 rounds.append(send_to_device(acc.gather_for_metrics(output), _CPU))

@@ -147,7 +147,7 @@ class ManualOptimization:
         with acc.accumulate(self.model):
             try:
                 with acc.autocast():
-                    self.outputs = output = self._run("training_step", batch)
+                    self.outputs = output = self._run("training_step", batch, trainer.state.batch_idx)
             finally:
                 self.window_start = acc.sync_gradients  # the next batch starts a window after this one ends it
             loss = extract_loss(output.get("loss") if isinstance(output, dict) else output)

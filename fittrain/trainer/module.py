@@ -53,6 +53,10 @@ class TrainModule(LifecycleHooks, nn.Module):
     def training_step(self, batch: Any) -> torch.Tensor | dict[str, Any] | None:
         """Computes the loss of one batch.
 
+        Define it as `training_step(self, batch)` or, as in Lightning, `training_step(self, batch,
+        batch_idx)`: the Trainer reads the signature once and passes the batch's index within its
+        epoch when there is room for it. The same holds for the validation, test and predict steps.
+
         Returns:
             A scalar loss tensor, a dict with a "loss" key, or None to skip the batch (no
             backward, no optimizer step).

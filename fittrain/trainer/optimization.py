@@ -62,7 +62,7 @@ class AutomaticOptimization:
         acc, fire, state = trainer.accelerator, trainer.events.fire, trainer.state
         with acc.accumulate(self.model):
             with acc.autocast():
-                self.outputs = self._run("training_step", batch)
+                self.outputs = self._run("training_step", batch, state.batch_idx)
             self.loss = loss = extract_loss(self.outputs)
             if loss is None:
                 warn_once(trainer, "training_step returned None: the batch is skipped (no backward, no step).")

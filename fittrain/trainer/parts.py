@@ -5,6 +5,7 @@ Kept apart so `trainer.py` reads as the loop and nothing else.
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Iterable
@@ -148,8 +149,15 @@ def extract_loss(output: Any) -> torch.Tensor | None:
     return output if output.ndim == 0 else output.reshape(())
 
 
+#: The step methods the loops call, each as `method(batch)` or, when it takes one, `method(batch, batch_idx)`.
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
 class StepRunner:
-    """Calls `module.<method>(batch)` for the loops: `runner("training_step", batch)`.
+    """Calls `module.<method>(batch[, batch_idx])` for the loops: `runner("training_step", batch, 3)`.
+
+    A step method receives `batch_idx` when its signature takes a second positional argument
+    (Lightning's `training_step(self, batch, batch_idx)`), decided once here, not per call.
 
     DDP synchronises gradients and FSDP2 gathers parameters only inside their own forward, so
     under either the step method runs through the wrapper: the wrapped module's forward is
@@ -158,6 +166,10 @@ class StepRunner:
     Args:
         model: The prepared model (or, for manual optimization under DDP, the module itself).
         module: The TrainModule whose method runs.
+        strategy: The distributed strategy, which says whether it hooks the module's forward.
+
+    Raises:
+        TypeError: for a step method that can take neither `(batch)` nor `(batch, batch_idx)`.
     """
 
     def __init__(self, model: nn.Module, module: "TrainModule", strategy: "Strategy") -> None:
@@ -165,11 +177,13 @@ class StepRunner:
         # Decided once: None calls the method directly (no wrapper), else the module whose forward is pointed.
         direct = model is module and not strategy.hooks_forward(module)
         self._inner: nn.Module | None = None if direct else strategy.unwrap(model)
+        self._with_index = {name: takes_batch_idx(module, name) for name in STEP_METHODS}
 
-    def __call__(self, method: str, batch: Any) -> Any:
+    def __call__(self, method: str, batch: Any, batch_idx: int = 0) -> Any:
+        args = (batch, batch_idx) if self._with_index[method] else (batch,)
         inner, module = self._inner, self.module
         if inner is None:
-            return getattr(module, method)(batch)
+            return getattr(module, method)(*args)
         original = inner.__dict__.get("forward")
 
         def step_forward(*args: Any, **kwargs: Any) -> Any:
@@ -178,9 +192,31 @@ class StepRunner:
 
         inner.forward = step_forward
         try:
-            return self.model(batch)
+            return self.model(*args)
         finally:
             _restore_forward(inner, original)
+
+
+def takes_batch_idx(module: "TrainModule", name: str) -> bool:
+    """Whether `module.<name>` takes `(batch, batch_idx)` rather than `(batch)`.
+
+    Raises:
+        TypeError: when it can take neither, naming the method and its signature.
+    """
+    method = getattr(module, name)
+    try:
+        signature = inspect.signature(method)
+    except ValueError:  # no signature to read (a builtin): call it the plain way
+        return False
+    for args in (("batch", "batch_idx"), ("batch",)):
+        try:
+            signature.bind(*args)
+        except TypeError:
+            continue
+        return len(args) == 2
+    raise TypeError(f"{type(module).__name__}.{name}{signature} cannot be called as {name}(batch) or "
+                    f"{name}(batch, batch_idx). Define it as def {name}(self, batch) or "
+                    f"def {name}(self, batch, batch_idx); a dataloader_idx needs a default (dataloader_idx=0).")
 
 
 def _restore_forward(module: nn.Module, original: Any) -> None:
@@ -221,6 +257,12 @@ class ValidationAverager:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, float] = {}
         self._weight = 1
+        self._logged: set[str] = set()  # names the current batch's step recorded with self.log
+
+    def log(self, name: str, value: Any) -> None:
+        """Adds a value the step recorded with `self.log`; it wins over a returned value of the same name."""
+        self._logged.add(name)
+        self.add(name, value)
 
     def add(self, name: str, value: Any) -> None:
         """Adds one batch's value of `name`, weighted by that batch's size."""
@@ -235,18 +277,22 @@ class ValidationAverager:
         """Weights what the next step returns and logs by `batch`'s size; call it before the step,
         so values the step records with `self.log` get its weight too."""
         self._weight = batch_size_of(batch) or 1
+        self._logged.clear()
 
     def add_output(self, output: Any, method: str = "validation_step") -> None:
-        """Adds what `method` (validation_step, test_step) returned for the batch: a scalar (val_loss) or a dict."""
+        """Adds what `method` (validation_step, test_step) returned for the batch: a scalar (val_loss,
+        or test_loss from test_step) or a dict. A name the step also logged with `self.log` is taken
+        from the log only: Lightning programs log their loss and return it too."""
         if output is None:
             return
         if not isinstance(output, dict):
             if not (isinstance(output, (int, float)) or _is_scalar(output)):
                 raise TypeError(f"{method} must return a scalar or a dict of scalars. Received: "
                                 f"{type(output).__name__}{tuple(getattr(output, 'shape', ()))}.")
-            output = {"val_loss": output}
+            output = {"test_loss" if method == "test_step" else "val_loss": output}
         for name, value in output.items():
-            self.add(name, value)
+            if name not in self._logged:
+                self.add(name, value)
 
     def result(self, accelerator: "Accelerator") -> dict[str, float]:
         """The averages over every process (all ranks must call this)."""

@@ -348,7 +348,7 @@ class Trainer:
         """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
         averager = self.evaluation.averager
         if averager is not None:
-            averager.add(name, value)
+            averager.log(name, value)
         else:
             self.state.raw_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
 
