@@ -65,16 +65,18 @@ def run_accelerator(work: Workload, mode: str) -> RunResult:
     return result(clock, start, work)
 
 
-def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> RunResult:
+def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]], progress: bool = True) -> RunResult:
     """Times one `Trainer.fit` in a throwaway project folder (logs and checkpoints go there)."""
     clock = work.clock()
     project = tempfile.mkdtemp(prefix="fittrain-bench-")
     try:
-        trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project)
+        trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project,
+                          enable_progress_bar=progress)
         module = work.model()
         loader = work.source(mode, clock)
-        # The progress bar would flood the table; a real terminal costs more, not less.
-        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+        # The progress bar (stderr) and its start and end lines (stdout) would flood the table; a real
+        # terminal costs more, not less.
+        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
             start = work.now()
             trainer.fit(module, loader)
             return result(clock, start, work)
@@ -83,8 +85,8 @@ def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]]) -> 
 
 
 def run_trainer(work: Workload, mode: str) -> RunResult:
-    """`Trainer.fit` with no callbacks."""
-    return _fit(work, mode, list)
+    """`Trainer.fit` with no callbacks: the loop alone, without the default progress bar either."""
+    return _fit(work, mode, list, progress=False)
 
 
 def run_trainer_logger(work: Workload, mode: str) -> RunResult:

@@ -1,6 +1,6 @@
 """Logger: metrics, learning rates and hyperparameters to experiment trackers (TensorBoard by
 default), one folder per run; written by the main process only. It owns a ProgressBar
-(callbacks/progress.py) and shows the values it logs on it."""
+(fittrain/trainer/progress.py) and shows the values it logs on it."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from fittrain.trackers.base import NoOpTracker, RunInfo
 from fittrain.trackers.registry import check_kwargs, open_trackers, resolve_trackers
 from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.events import Callback, RunRequest
+from fittrain.trainer.progress import ProgressBar
 from fittrain.trainer.runs import run_hparams
-
-from .progress import ProgressBar
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -115,8 +114,10 @@ class Logger(Callback):
 
     # ----------------------------------------------------------------- lifecycle
     def run_request(self) -> RunRequest:
-        """The run's name given here (`run_name`), and `log_dir`, where a new run's name must be free."""
-        return RunRequest(name=self.run_name, log_dir=self.log_dir)
+        """The run's name given here (`run_name`), `log_dir`, where a new run's name must be free, and
+        that it draws the progress (its own ProgressBar): the Trainer adds no default bar."""
+        return RunRequest(name=self.run_name, log_dir=self.log_dir, writes_logs=bool(self.log_with),
+                          shows_progress=True)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Decides what this process shows and writes; the run starts with the first epoch, once a
@@ -146,6 +147,10 @@ class Logger(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Remembers the resumed run's last points (the Trainer names the run)."""
         self._restored_points = (int(state.get("step", -1)), dict(state.get("points", {})))
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """Says which run trains and where its checkpoints and logs go (its ProgressBar's line)."""
+        self._progress.on_train_start(trainer)
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """Starts the run at the first epoch; starts this epoch's progress bar and the throughput clock."""
@@ -198,9 +203,10 @@ class Logger(Callback):
         self._progress.on_train_epoch_end(trainer)
 
     def on_fit_end(self, trainer: "Trainer") -> None:
-        """Logs the last training metrics, then closes the bar and the writer."""
+        """Logs the last training metrics, then closes the bar (which says where the fit stopped) and the writer."""
         if self._active and trainer.state.global_step != self._last_step:
             self._log_training(trainer, trainer.state.global_step)
+        self._progress.on_fit_end(trainer)
         self._close()
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:

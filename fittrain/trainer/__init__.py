@@ -18,6 +18,7 @@ Holds:
     parts           small pieces of the loop: argument checks, loss extraction, `StepRunner`,
                     metric bookkeeping
     runs            the fit's run: its name, its folder, the checkpoint a resume loads, its hparams
+    progress        `ProgressBar`, the default display (`enable_progress_bar`); fittrain.callbacks exports it
     callback_states all callbacks' states as one checkpointed object
 
 May import: `fittrain.accelerator` and everything below it (step, data, checkpoint, trackers,

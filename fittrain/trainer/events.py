@@ -103,13 +103,18 @@ class RunRequest:
     Attributes:
         name: A run name the callback was given (a Logger's `run_name`), or None.
         log_dir: A folder where the callback writes the run's logs: a new run's name must be free there.
+        writes_logs: The callback writes the run's logs (into `log_dir`, else the project's `logs/`).
         saves_checkpoints: The callback saves checkpoints into the run's folder; a Trainer takes one such
             callback, as two would number the same folders.
+        shows_progress: The callback draws the fit's progress (or was told not to): the Trainer adds
+            no default `ProgressBar`.
     """
 
     name: str | None = None
     log_dir: str | None = None
+    writes_logs: bool = False
     saves_checkpoints: bool = False
+    shows_progress: bool = False
 
 
 _NO_REQUEST = RunRequest()

@@ -91,6 +91,23 @@ def load_resumed(trainer: "Trainer", plan: RunPlan) -> None:
               f"{position.batches_consumed} batches into the epoch.")
 
 
+def describe_run(trainer: "Trainer") -> str:
+    """One line: the run that trains, where its checkpoints and logs go (or that none are written)."""
+    requests = [request for _, request in trainer.events.run_requests()]
+    config = trainer.accelerator.project_configuration
+    if any(request.saves_checkpoints for request in requests):
+        saved = f"checkpoints in {config.checkpoints_dir}"
+    else:
+        saved = "no checkpoints (add fittrain.callbacks.Checkpointer to save them)"
+    writers = [request for request in requests if request.writes_logs]
+    if writers:  # where the Logger writes: its log_dir, else the Accelerator's logging_dir, else {project}/logs
+        folder = writers[0].log_dir or config.logging_dir or os.path.join(trainer.project_dir, "logs")
+        logs = f"logs in {os.path.join(folder, trainer.run_name)}"
+    else:
+        logs = "no logs (add fittrain.callbacks.Logger to write them)"
+    return f"Training run {trainer.run_name!r}: {saved}; {logs}."
+
+
 def given_run_name(trainer_name: str | None,
                    requests: Sequence[tuple[Callback, RunRequest]]) -> tuple[str | None, str]:
     """The run name given by `Trainer(run_name=...)` or a callback's (a Logger's `run_name`), and which

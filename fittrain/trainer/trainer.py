@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from fittrain.accelerator.accelerator import Accelerator
 from fittrain.checkpoint.naming import ProjectConfiguration
-from fittrain.common.checks import check_positive_int
+from fittrain.common.checks import check_bool, check_positive_int
 from fittrain.data import check_batches
 from fittrain.distributed.parallel import check_strategy
 from fittrain.distributed.preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
@@ -41,6 +41,7 @@ from fittrain.trainer.parts import (
     length_of,
     warn_once,
 )
+from fittrain.trainer.progress import with_progress_bar
 from fittrain.trainer.runs import RunPlan, check_one_checkpointer, load_resumed, start_run
 from fittrain.trainer.schedules import Schedule
 from fittrain.trainer.train_state import TrainState
@@ -75,6 +76,10 @@ class Trainer:
             of its keyword options (backend, mode, fullgraph, dynamic, options, disable). Parameter
             names and checkpoints stay those of the plain module. Applies to a given `accelerator`
             too; an accelerator built with `dynamo_backend` compiles even with compile=False.
+        enable_progress_bar: Show progress (Lightning's name): a tqdm bar per epoch and one line when
+            training starts (the run, where checkpoints and logs go) and when the fit ends. A
+            `ProgressBar` is added unless a callback draws progress itself (a `Logger`); False
+            shows and prints nothing, a Logger's bars included.
         run_name: The run's name (letters, digits, '.', '_', '-'), like a Logger's `run_name`, which
             names the run too. Default: the resumed checkpoint's run, else a new name free under
             `checkpoints/` and `logs/`, `run_2026-12-01_06-30-05`. A fresh fit never writes into
@@ -91,7 +96,7 @@ class Trainer:
                  val_every_n_epochs: int | None = None, strategy: str = "auto",
                  accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
                  val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False,
-                 run_name: str | None = None) -> None:
+                 run_name: str | None = None, enable_progress_bar: bool = True) -> None:
         self.max_epochs = check_positive_int("max_epochs", max_epochs, optional=True)
         self.max_steps = check_positive_int("max_steps", max_steps, optional=True)
         if self.max_epochs is None and self.max_steps is None:
@@ -107,7 +112,8 @@ class Trainer:
         self.run_name: str | None = self._given_run_name
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
-        self.events = EventDispatcher(check_callbacks(callbacks))
+        self.enable_progress_bar = check_bool("enable_progress_bar", enable_progress_bar, owner="Trainer")
+        self.events = EventDispatcher(with_progress_bar(check_callbacks(callbacks), self.enable_progress_bar))
         check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:

@@ -1,14 +1,22 @@
-"""ProgressBar: a tqdm bar per epoch and a transient one per validation, on the main process only."""
+"""ProgressBar: a tqdm bar per epoch and a transient one per validation, on the main process only.
+
+It is the Trainer's default display (`Trainer(enable_progress_bar=True)` adds one when no callback
+draws progress itself), so it lives in the Trainer layer; users import it as
+`fittrain.callbacks.ProgressBar`. Besides the bars it prints one line when training starts (the
+run, where its checkpoints and logs go) and one when the fit ends (where it stopped, the last
+metrics), so that a fit without a Logger still says what it did.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tqdm.auto import tqdm
 
 from fittrain.common.checks import check_bool
-from fittrain.trainer.events import Callback
+from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trainer.parts import length_of
+from fittrain.trainer.runs import describe_run
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -20,10 +28,11 @@ class ProgressBar(Callback):
     second, and per batch it only advances, so it costs no device sync.
 
     A `Logger` owns one (its `progress_bar=` argument) and shows the loss, the learning rate and
-    the validation metrics on it at its logging points. Alone, it shows progress only.
+    the validation metrics on it at its logging points. Alone, it shows progress only; a Trainer
+    without either adds one (`enable_progress_bar`, which also switches every bar off when False).
 
     Args:
-        enabled: False draws nothing (every bar is a disabled tqdm).
+        enabled: False draws and prints nothing (every bar is a disabled tqdm).
 
     Raises:
         TypeError: when `enabled` is not a bool.
@@ -39,10 +48,19 @@ class ProgressBar(Callback):
         self._val_bar = tqdm(disable=True)
         self._postfix: dict[str, str] = {}
 
+    def run_request(self) -> RunRequest:
+        """It draws the fit's progress: the Trainer adds no default bar."""
+        return RunRequest(shows_progress=True)
+
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Decides whether this process draws (the main process only) and forgets the last fit's values."""
-        self._show = self.enabled and trainer.accelerator.is_main_process
+        self._show = self.enabled and trainer.enable_progress_bar and trainer.accelerator.is_main_process
         self._postfix = {}
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """Says which run trains, and where its checkpoints and logs go."""
+        if self._show:
+            tqdm.write(describe_run(trainer))
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """Starts this epoch's bar, from the batches a resumed epoch had consumed already."""
@@ -78,8 +96,13 @@ class ProgressBar(Callback):
         self._bar.close()
 
     def on_fit_end(self, trainer: "Trainer") -> None:
-        """Closes the bars."""
+        """Closes the bars and says where training stopped, with the last metrics."""
         self.close()
+        if self._show:
+            state = trainer.state
+            metrics = ", ".join(f"{name}={value:.4g}" for name, value in sorted(state.metrics.items()))
+            tqdm.write(f"Fit done: {state.epoch} epoch(s), {state.global_step} optimizer step(s)"
+                       + (f"; {metrics}." if metrics else "."))
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Closes the bars."""
@@ -97,3 +120,10 @@ class ProgressBar(Callback):
 
     def __repr__(self) -> str:
         return f"ProgressBar(enabled={self.enabled})"
+
+
+def with_progress_bar(callbacks: list[Any], enabled: bool) -> list[Any]:
+    """`callbacks`, plus a `ProgressBar` when `enabled` and no callback draws progress itself
+    (`RunRequest.shows_progress`). Items that are not callbacks are left for the dispatcher to refuse."""
+    draws = any(isinstance(cb, Callback) and cb.run_request().shows_progress for cb in callbacks)
+    return callbacks if draws or not enabled else [*callbacks, ProgressBar()]
