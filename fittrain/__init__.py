@@ -23,12 +23,13 @@ from fittrain.checkpoint import CheckpointError, ProjectConfiguration
 from fittrain.common.version import package_version
 from fittrain.distributed.process_state import DistributedType
 from fittrain.launchers import debug_launcher, notebook_launcher
+from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.events import Callback, Event
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.trainer import Trainer, TrainState
 
 __all__ = [
-    "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType",
+    "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataModule",
     "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs",
     "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin",
     "ProjectConfiguration", "TrainModule", "TrainState", "Trainer", "debug_launcher", "find_executable_batch_size",

@@ -18,6 +18,7 @@ Holds:
     parts           small pieces of the loop: argument checks, loss extraction, `StepRunner`,
                     metric bookkeeping
     runs            the fit's run: its name, its folder, the checkpoint a resume loads, its hparams
+    datamodule      `DataModule` (Lightning's LightningDataModule): prepare_data, setup(stage), the loaders
     progress        `ProgressBar`, the default display (`enable_progress_bar`); fittrain.callbacks exports it
     callback_states all callbacks' states as one checkpointed object
 

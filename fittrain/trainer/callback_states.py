@@ -1,5 +1,5 @@
-"""All callbacks' states, and what the module's checkpoint hooks keep, as one object that
-checkpoints save and restore (custom_checkpoint_1.pt)."""
+"""All callbacks' states, what the module's checkpoint hooks keep, and a DataModule's state, as one
+object that checkpoints save and restore (custom_checkpoint_1.pt)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,12 @@ class CallbackStates:
         module: The module being fitted; its checkpoint hooks run only if its class overrides them.
     """
 
-    def __init__(self, callbacks: Sequence[Callback], module: "TrainModule | None" = None) -> None:
+    def __init__(self, callbacks: Sequence[Callback], module: "TrainModule | None" = None,
+                 datamodule: Any = None) -> None:
         self.callbacks = callbacks
         self.module = module
+        # A DataModule's state_dict/load_state_dict, when its class defines them (fittrain/trainer/datamodule.py).
+        self.datamodule = datamodule if callable(getattr(datamodule, "state_dict", None)) else None
 
     def _module_key(self) -> str:
         return f"module:{type(self.module).__name__}"  # callbacks' keys start with a digit: never the same
@@ -41,7 +44,13 @@ class CallbackStates:
             self.module.on_save_checkpoint(checkpoint)
             check_loadable(self.module, checkpoint, "on_save_checkpoint(checkpoint) put into checkpoint")
             states[self._module_key()] = checkpoint
+        if self.datamodule is not None:
+            states[self._datamodule_key()] = state = self.datamodule.state_dict()
+            check_loadable(self.datamodule, state)
         return states
+
+    def _datamodule_key(self) -> str:
+        return f"datamodule:{type(self.datamodule).__name__}"
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for i, cb in enumerate(self.callbacks):
@@ -50,6 +59,8 @@ class CallbackStates:
                 cb.load_state_dict(saved)
         if self.module is not None and overrides(self.module, "on_load_checkpoint"):
             self.module.on_load_checkpoint(dict(state.get(self._module_key(), {})))
+        if self.datamodule is not None and self._datamodule_key() in state:
+            self.datamodule.load_state_dict(state[self._datamodule_key()])
 
 
 def check_loadable(owner: Any, state: Any, what: str = "state_dict() returned") -> None:
