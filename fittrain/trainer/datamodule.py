@@ -15,9 +15,10 @@ checkpoint of the fit and restored on resume, beside the callbacks' (fittrain/tr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from fittrain.common.reprs import short_repr
+from fittrain.trainer.module import TrainModule
 
 if TYPE_CHECKING:
     from fittrain.accelerator.accelerator import Accelerator
@@ -111,3 +112,66 @@ def pick(method: str, names: tuple[str, str], values: tuple[Any, Any]) -> Any:
         raise TypeError(f"Trainer.{method}() received both {names[0]}= and {names[1]}= (Lightning's name for the "
                         "same argument). Pass one of them.")
     return ours if ours is not None else lightnings
+
+
+class DataStages:
+    """Where the Trainer's calls get their loaders: given (under fittrain's or Lightning's names), or
+    read from a DataModule, whose stage this object starts and ends.
+
+    Args:
+        accelerator: The Trainer's, which says which process prepares the data of its node.
+
+    Attributes:
+        datamodule: The DataModule of the call running now, or None.
+    """
+
+    def __init__(self, accelerator: "Accelerator") -> None:
+        self.accelerator = accelerator
+        self.datamodule: DataModule | None = None
+
+    def fit_loaders(self, module: Any, train: tuple[Any, Any], val: tuple[Any, Any],
+                    datamodule: Any) -> tuple[Any, Any]:
+        """fit's (train, val) loaders, from (fittrain's, Lightning's) argument pairs or from `datamodule`
+        (set up here), whose val_dataloader() is used when the module can validate.
+
+        Raises:
+            TypeError: for a loader given under both names, or loaders beside a datamodule.
+        """
+        train_loader = pick("fit", ("train_loader", "train_dataloaders"), train)
+        val_loader = pick("fit", ("val_loader", "val_dataloaders"), val)
+        if datamodule is None:
+            return train_loader, val_loader  # a missing one is refused by the checks of fit's inputs
+        self._start("fit", datamodule, given=train_loader is not None or val_loader is not None)
+        validates = (defines(datamodule, "val_dataloader") and isinstance(module, TrainModule)
+                     and module.has_validation_step())
+        return self._read("fit", lambda: (datamodule.train_dataloader(),
+                                          datamodule.val_dataloader() if validates else None))
+
+    def loader(self, stage: str, loader: Any, dataloaders: Any, datamodule: Any) -> Any:
+        """The loader of validate, test or predict: given under either name, or from `datamodule`."""
+        loader = pick(stage, ("loader", "dataloaders"), (loader, dataloaders))
+        if datamodule is None:
+            return loader  # a missing one is refused by check_inputs
+        self._start(stage, datamodule, given=loader is not None)
+        return self._read(stage, lambda: stage_loader(datamodule, stage))
+
+    def end(self, stage: str) -> None:
+        """`teardown(stage)` of the DataModule the stage set up, if any."""
+        datamodule, self.datamodule = self.datamodule, None
+        if datamodule is not None:
+            datamodule.teardown(stage)
+
+    def _start(self, stage: str, datamodule: Any, given: bool) -> None:
+        if given:
+            raise TypeError(f"Trainer.{stage}() received both loaders and a datamodule. Pass one: the loaders, or "
+                            "the datamodule whose *_dataloader() methods return them.")
+        self.datamodule = check_datamodule(datamodule, stage)
+        start_stage(self.datamodule, stage, self.accelerator)
+
+    def _read(self, stage: str, read: Callable[[], Any]) -> Any:
+        """Returns `read()` (the DataModule's loaders); if it raises, the stage is torn down first."""
+        try:
+            return read()
+        except BaseException:
+            self.end(stage)
+            raise

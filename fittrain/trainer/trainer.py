@@ -25,7 +25,7 @@ from fittrain.distributed.preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_COD
 from fittrain.step.compile import check_compile, use_compile
 from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.callback_states import CallbackStates
-from fittrain.trainer.datamodule import DataModule, check_datamodule, defines, pick, stage_loader, start_stage
+from fittrain.trainer.datamodule import DataModule, DataStages
 from fittrain.trainer.evaluation import Evaluation, as_test_metrics, check_inputs, check_predictable, pick_test_method
 from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
 from fittrain.trainer.manual import ManualOptimization
@@ -137,7 +137,7 @@ class Trainer:
         self.train_loader: Any = None
         self.val_loader: Any = None
         self.batch: Any = None  # the training batch of state.batch_idx (the module's batch hooks receive it)
-        self.datamodule: DataModule | None = None  # while fit, validate, test or predict runs on one
+        self.data = DataStages(accelerator)  # the loaders of each call: given, or a DataModule's
         self.evaluation = Evaluation(accelerator, self._fire)  # the validation, test and predict loops
         # Set by a Checkpointer that monitors a metric (save_top_k): the best checkpoint so far.
         self.best_checkpoint: pathlib.Path | None = None
@@ -180,8 +180,8 @@ class Trainer:
                 fresh fit: a fresh fit never writes into another run's folder.
         """
         resume = self._start_run()
-        train_loader, val_loader = self._fit_loaders(module, (train_loader, train_dataloaders),
-                                                     (val_loader, val_dataloaders), datamodule)
+        train_loader, val_loader = self.data.fit_loaders(module, (train_loader, train_dataloaders),
+                                                         (val_loader, val_dataloaders), datamodule)
         self._check_inputs(module, train_loader, val_loader)
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
         self.module, self.state = module, TrainState()
@@ -221,7 +221,7 @@ class Trainer:
             self.events.fire_exception(self, exc)
             raise
         finally:
-            self._end_data_stage("fit")
+            self.data.end("fit")
 
     def _epoch_batches(self) -> Iterator[Any]:
         """This epoch's batches, after those a resumed checkpoint had consumed; sets `state.batch_idx`.
@@ -298,13 +298,13 @@ class Trainer:
             >>> trainer.validate(module, val_loader)
             {'val_loss': 0.12}
         """
-        loader = self._stage_loader("validate", loader, dataloaders, datamodule)
+        loader = self.data.loader("validate", loader, dataloaders, datamodule)
         try:
             check_inputs("validate", module, loader)
             self._use_module(module)
             return self._validate(self.evaluation.prepare_loader(loader))
         finally:
-            self._end_data_stage("validate")
+            self.data.end("validate")
 
     def _validate(self, loader: Any) -> dict[str, float]:
         """Validates on a prepared loader: the loop of `validate` and of validation during fit."""
@@ -331,7 +331,7 @@ class Trainer:
             >>> trainer.test(module, test_loader)
             {'test_loss': 0.13}
         """
-        loader = self._stage_loader("test", loader, dataloaders, datamodule)
+        loader = self.data.loader("test", loader, dataloaders, datamodule)
         try:
             check_inputs("test", module, loader)
             method = pick_test_method(module)
@@ -344,7 +344,7 @@ class Trainer:
             self._fire(Event.TEST_END)
             return results
         finally:
-            self._end_data_stage("test")
+            self.data.end("test")
 
     def predict(self, module: TrainModule, loader: Any = None, all_processes: bool = False, *, dataloaders: Any = None,
                 datamodule: DataModule | None = None) -> Any:
@@ -364,7 +364,7 @@ class Trainer:
             >>> trainer.predict(module, DataLoader(inputs, batch_size=64))
             tensor([[0.12], [0.57], ...])
         """
-        loader = self._stage_loader("predict", loader, dataloaders, datamodule)
+        loader = self.data.loader("predict", loader, dataloaders, datamodule)
         try:
             check_inputs("predict", module, loader)
             check_predictable(module)
@@ -374,53 +374,9 @@ class Trainer:
             outputs = self.evaluation.predict(self._runner, loader)
             self._fire(Event.PREDICT_END)
         finally:
-            self._end_data_stage("predict")
+            self.data.end("predict")
         # Every process gathered the whole result (all_gather); only the main one keeps it by default.
         return outputs if (all_processes or self.accelerator.is_main_process) else None
-
-    # ----------------------------------------------------------------- loaders and datamodules
-    def _fit_loaders(self, module: Any, train: tuple[Any, Any], val: tuple[Any, Any],
-                     datamodule: Any) -> tuple[Any, Any]:
-        """fit's loaders, from its arguments under either name (fittrain's, Lightning's) or from
-        `datamodule` (set up here), whose val_dataloader() is used when the module can validate."""
-        train_loader = pick("fit", ("train_loader", "train_dataloaders"), train)
-        val_loader = pick("fit", ("val_loader", "val_dataloaders"), val)
-        if datamodule is None:
-            return train_loader, val_loader  # a missing one is refused by the checks of fit's inputs
-        self._start_data_stage("fit", datamodule, given=train_loader is not None or val_loader is not None)
-        validates = (defines(datamodule, "val_dataloader") and isinstance(module, TrainModule)
-                     and module.has_validation_step())
-        return self._in_data_stage("fit", lambda: (datamodule.train_dataloader(),
-                                                   datamodule.val_dataloader() if validates else None))
-
-    def _stage_loader(self, stage: str, loader: Any, dataloaders: Any, datamodule: Any) -> Any:
-        """The loader of validate, test or predict: given under either name, or from `datamodule`."""
-        loader = pick(stage, ("loader", "dataloaders"), (loader, dataloaders))
-        if datamodule is None:
-            return loader  # a missing one is refused by check_inputs
-        self._start_data_stage(stage, datamodule, given=loader is not None)
-        return self._in_data_stage(stage, lambda: stage_loader(datamodule, stage))
-
-    def _start_data_stage(self, stage: str, datamodule: Any, given: bool) -> None:
-        if given:
-            raise TypeError(f"Trainer.{stage}() received both loaders and a datamodule. Pass one: the loaders, or "
-                            "the datamodule whose *_dataloader() methods return them.")
-        self.datamodule = check_datamodule(datamodule, stage)
-        start_stage(self.datamodule, stage, self.accelerator)
-
-    def _in_data_stage(self, stage: str, read: Any) -> Any:
-        """Returns `read()` (the datamodule's loaders); if it raises, the stage is torn down first."""
-        try:
-            return read()
-        except BaseException:
-            self._end_data_stage(stage)
-            raise
-
-    def _end_data_stage(self, stage: str) -> None:
-        """`teardown(stage)` of the datamodule the stage set up, if any."""
-        datamodule, self.datamodule = self.datamodule, None
-        if datamodule is not None:
-            datamodule.teardown(stage)
 
     def record(self, name: str, value: Any) -> None:
         """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
@@ -457,7 +413,7 @@ class Trainer:
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
-        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.datamodule))
+        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule))
         if resume.checkpoint is not None:
             load_resumed(self, resume)
 

@@ -156,4 +156,4 @@ def test_a_missing_loader_method_says_which_one(tmp_path):
     with pytest.raises(NotImplementedError, match=r"TrainOnly defines no test_dataloader\(\), which "
                                                   r"test\(datamodule=\.\.\.\) needs"):
         trainer.test(Linear(), datamodule=data)
-    assert data.torn_down == "test" and trainer.datamodule is None
+    assert data.torn_down == "test" and trainer.data.datamodule is None
