@@ -4,6 +4,7 @@ object that checkpoints save and restore (custom_checkpoint_1.pt)."""
 from __future__ import annotations
 
 import io
+import warnings
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -44,10 +45,16 @@ class CallbackStates:
             self.module.on_save_checkpoint(checkpoint)
             check_loadable(self.module, checkpoint, "on_save_checkpoint(checkpoint) put into checkpoint")
             states[self._module_key()] = checkpoint
+        hparams = self.module.recordable_hparams() if self.module is not None else None
+        if hparams is not None:
+            states[self._hparams_key()] = hparams
         if self.datamodule is not None:
             states[self._datamodule_key()] = state = self.datamodule.state_dict()
             check_loadable(self.datamodule, state)
         return states
+
+    def _hparams_key(self) -> str:
+        return f"hparams:{type(self.module).__name__}"
 
     def _datamodule_key(self) -> str:
         return f"datamodule:{type(self.datamodule).__name__}"
@@ -59,6 +66,11 @@ class CallbackStates:
                 cb.load_state_dict(saved)
         if self.module is not None and overrides(self.module, "on_load_checkpoint"):
             self.module.on_load_checkpoint(dict(state.get(self._module_key(), {})))
+        saved = state.get(self._hparams_key()) if self.module is not None else None
+        if saved is not None and saved != self.module.recordable_hparams():
+            warnings.warn(f"Resuming {type(self.module).__name__} with other hyperparameters than the checkpoint's: "
+                          f"saved {saved}, now {self.module.recordable_hparams()}. Training goes on with the new "
+                          "ones; pass the saved values to resume the same run.", stacklevel=2)
         if self.datamodule is not None and self._datamodule_key() in state:
             self.datamodule.load_state_dict(state[self._datamodule_key()])
 

@@ -193,9 +193,8 @@ def run_hparams(trainer: "Trainer", extra: dict[str, Any] | None) -> dict[str, A
     }
     optimizers = trainer.optimizers or [trainer.optimizer]
     values["optimizer"] = ", ".join(type(getattr(o, "optimizer", o)).__name__ for o in optimizers if o is not None)
-    module_hparams = getattr(trainer.module, "hparams", None)
-    if isinstance(module_hparams, dict):
-        values.update(module_hparams)
+    module_hparams = trainer.module.recordable_hparams() if trainer.module is not None else None
+    values.update(module_hparams or {})
     values.update(extra or {})
     return values
 
