@@ -8,9 +8,10 @@ process carries `@pytest.mark.subprocess` itself. The guard fails an unmarked te
 new Python interpreter, so the quick loop never pays for one unnoticed (a short `git` or `mount`
 is not worth a mark).
 
-The guard (`guard`, autouse) also restores the environment variables a test changed, and fails
-a test that leaves a torch process group initialized or a child process running, after ending
-them, so that one test's leftovers never change the next one's result.
+The guard (`guard`, autouse) also restores the environment variables a test changed, ends the
+jobs (tests/support/jobs.py) a test left running, and fails a test that leaves a torch process
+group initialized or another child process running, after ending them, so that one test's
+leftovers never change the next one's result.
 """
 
 from __future__ import annotations
@@ -111,6 +112,14 @@ def _end(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+def _end_jobs() -> None:
+    """Ends the jobs of tests/support/jobs.py that the test left running (a failure half-way
+    leaves its background jobs behind); such a job is not a failure of its own."""
+    jobs = sys.modules.get("support.jobs")  # only a test that imported it can have started one
+    if jobs is not None:
+        jobs.Job.kill_leftovers()
+
+
 def _leave_process_group() -> bool:
     """Destroys a process group left initialized; returns whether there was one."""
     dist = sys.modules.get("torch.distributed")  # only a test that imported it can have left a group
@@ -140,6 +149,7 @@ def guard(request: pytest.FixtureRequest) -> Iterator[None]:
     problems = []
     if started and request.node.get_closest_marker("subprocess") is None:
         problems.append(f"started a process without @pytest.mark.subprocess: {started[0]}")
+    _end_jobs()
     if _leave_process_group():
         problems.append("left a torch.distributed process group initialized (destroyed it)")
     leftovers = sorted(pid for pid in _children() - children if not _may_stay(pid))

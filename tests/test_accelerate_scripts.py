@@ -23,37 +23,22 @@ must go when the gap is closed (a strict xfail that passes fails the suite).
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
-from types import ModuleType
 
 import pytest
+
+from support.jobs import forked, run
 
 SCRIPTS = pathlib.Path(__file__).parent / "accelerate_scripts"
 #: Longest one job may run; the scripts take seconds, but the machine may be shared.
 TIMEOUT = 180.0
 
 
-def _load_jobs() -> ModuleType:
-    """tests/distributed/jobs.py (free ports, deadlines, killing process groups), by path: this
-    module lives outside tests/distributed, whose directory pytest puts on sys.path."""
-    spec = importlib.util.spec_from_file_location("fittrain_test_jobs", pathlib.Path(__file__).parent
-                                                  / "distributed" / "jobs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-jobs = _load_jobs()
-
-
 def run_script(nproc: int, script: str, cwd: pathlib.Path, *args: str) -> str:
     """Runs tests/accelerate_scripts/`script` on `nproc` ranks with torchrun's environment (forked,
-    see jobs.forked), in `cwd`, and fails the test with the tail of its output unless it exits 0;
+    see support.jobs.forked), in `cwd`, and fails the test with the tail of its output unless it exits 0;
     returns the output."""
-    return jobs.run(jobs.forked(nproc, SCRIPTS / script, *args, cwd=cwd), timeout=TIMEOUT).check().output
+    return run(forked(nproc, SCRIPTS / script, *args, cwd=cwd), timeout=TIMEOUT).check().output
 
 
 #: Lines no job may print: a check the script skipped (Accelerate's own skip message).

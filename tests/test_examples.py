@@ -158,25 +158,11 @@ if __name__ == "__main__":
 def test_gan_example_runs_on_two_processes(tmp_path: pathlib.Path) -> None:
     """examples/gan.py under torchrun on 2 gloo processes (DDP): manual optimization with two
     optimizers averages each optimizer's gradients across the processes."""
-    import signal
-    import socket
+    # Imported here: this file also runs as the examples' driver script, where tests/ is not on sys.path.
+    from support.jobs import job_env, run, torchrun
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FITTRAIN_STRATEGY"):
-        env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                             str(port), str(EXAMPLES / "gan.py"), "--smoke"], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, output[-3000:]
+    output = run(torchrun(2, EXAMPLES / "gan.py", "--smoke"), env=job_env(PYTHONWARNINGS="ignore"), timeout=TIMEOUT_S,
+                 cwd=tmp_path).check().output
     assert re.search(r"2 process\(es\), \d+ steps, 2 optimizers", output), output[-3000:]
     assert re.search(r"distance to the nearest mode: [\d.]+ before training, [\d.]+ after", output), output[-3000:]
 

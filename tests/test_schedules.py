@@ -8,15 +8,8 @@ Refusals of bad dicts through `fit` are in test_bad_input.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import pathlib
-import signal
-import socket
-import subprocess
-import sys
 import warnings
 from typing import Any, Callable
 
@@ -30,6 +23,7 @@ from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import checks
 from fittrain.trainer.configure import SchedulerConfig, parse_optimizers
 from fittrain.trainer.schedules import EpochSchedule, MetricSchedule, Schedule, StepSchedule, make_schedule
+from support.jobs import run, torchrun
 
 LR = 0.1
 Plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -467,33 +461,11 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
 '''
 
 
-def run_two_processes(script: pathlib.Path, *args: str, timeout: float = 240.0) -> str:
-    """Runs `script` on 2 gloo processes with torchrun; kills the whole job past `timeout`."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", FITTRAIN_COLLECTIVE_TIMEOUT="90")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                             str(port), str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        output = "(timed out)"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the job and any worker it left behind
-    assert proc.returncode == 0, output[-6000:]
-    return output
-
-
 @pytest.mark.subprocess
 def test_two_processes_step_a_plateau_alike_on_a_metric_that_differs_between_them(tmp_path):
     script = tmp_path / "plateau_worker.py"
     script.write_text(PLATEAU_WORKER)
-    run_two_processes(script, str(tmp_path))
+    run(torchrun(2, script, tmp_path)).check()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]
     assert len(set(ranks[0]["lrs"])) >= 2, ranks[0]["lrs"]  # the plateau reduced the LR at least once

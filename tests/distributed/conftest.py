@@ -1,7 +1,8 @@
 """Session fixtures for the distributed tests: each expensive launch runs once and is shared.
 
 Jobs are expensive on a small machine, so one launch checks many things (see scripts/), and the
-fixtures below share each launch between the tests that read it. See jobs.py for how a job runs.
+fixtures below share each launch between the tests that read it. See tests/support/jobs.py for how
+a job runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from jobs import fittrain_launch, forked, load_script, read_results, run
+from support.jobs import fittrain_launch, forked, load_script, run
+from support.results import read_results
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import safetensors.torch
 import torch
 
-from jobs import assert_state_equal, forked, read_results, run
+from support.jobs import forked, run
+from support.results import assert_state_equal, read_results
 
 
 def test_two_processes_write_checkpoints_in_the_background_while_training(tmp_path):

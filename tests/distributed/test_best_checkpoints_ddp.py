@@ -13,7 +13,8 @@ import torch
 
 from fittrain.checkpoint import load_model_weights
 from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
-from jobs import forked, read_results, run
+from support.jobs import forked, run
+from support.results import read_results
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from jobs import assert_state_close, forked, load_script, read_results, run
+from support.jobs import forked, load_script, run
+from support.results import assert_state_close, read_results
 
 STRATEGIES = ("ddp", "fsdp")
 

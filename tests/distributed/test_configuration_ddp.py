@@ -7,7 +7,8 @@ import re
 
 import torch
 
-from jobs import assert_state_equal, fittrain_launch, forked, job_env, read_results, run
+from support.jobs import fittrain_launch, forked, job_env, run
+from support.results import assert_state_equal, read_results
 
 
 def test_ddp_kwargs_accumulation_plugin_trigger_and_join_on_two_processes(tmp_path: pathlib.Path) -> None:

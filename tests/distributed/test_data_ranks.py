@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from jobs import forked, load_script, read_results, run
+from support.jobs import forked, load_script, run
+from support.results import read_results
 
 
 @pytest.fixture(scope="module")

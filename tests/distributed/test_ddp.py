@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from jobs import assert_state_close, assert_state_equal
+from support.results import assert_state_close, assert_state_equal
 
 
 def test_process_facts_come_from_the_launcher(ddp_job: dict[str, Any]) -> None:

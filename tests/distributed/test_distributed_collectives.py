@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from jobs import assert_state_equal
+from support.results import assert_state_equal
 
 
 def _metrics(ddp_job: dict[str, Any]) -> list[dict[str, Any]]:

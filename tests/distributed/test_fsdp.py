@@ -12,7 +12,7 @@ from torch import nn
 
 from fittrain import Accelerator, DistributedType
 from fittrain.distributed import parallel
-from jobs import assert_state_close, assert_state_equal
+from support.results import assert_state_close, assert_state_equal
 
 
 def test_prepare_rebinds_an_optimizer_built_before_it(fsdp_job: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from jobs import forked, load_script, read_results, run
+from support.jobs import forked, load_script, run
+from support.results import read_results
 
 
 def test_uneven_evaluation_under_fsdp_neither_hangs_nor_counts_a_repeat(tmp_path) -> None:

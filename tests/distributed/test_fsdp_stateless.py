@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pathlib
 
-from jobs import assert_state_equal, forked, read_results, run
+from support.jobs import forked, run
+from support.results import assert_state_equal, read_results
 
 
 def test_a_stateless_optimizer_resumes_under_fsdp(tmp_path: pathlib.Path) -> None:

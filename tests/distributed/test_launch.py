@@ -18,18 +18,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from fittrain.launch import cli
-from jobs import (
-    SCRIPTS,
-    assert_state_close,
-    assert_state_equal,
-    fittrain_launch,
-    free_port,
-    job_env,
-    read_results,
-    run,
-    run_together,
-    torchrun,
-)
+from support.jobs import SCRIPTS, fittrain_launch, free_port, job_env, run, run_together, torchrun
+from support.results import assert_state_close, assert_state_equal, read_results
 
 #: A failing job must end within this after the failure (torchrun polls its workers every 0.1 s
 #: and gives survivors a grace period after SIGTERM); startup time on a busy machine is excluded.

@@ -17,7 +17,7 @@ import pytest
 from fittrain import Accelerator
 from fittrain.launch import cli
 from fittrain.launch.config import ACCUMULATION_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV, worker_environment
-from jobs import free_port, run
+from support.jobs import free_port, run
 
 # What `accelerate config` writes for "multi-CPU" on one machine (accelerate 1.x), with bf16.
 MULTI_CPU_CONFIG = """\

@@ -9,16 +9,14 @@
 
 Each job holds its ranks after optimizer step 10 (scripts/slurm_train.py's `--hold-at-step`), where
 the ranks agree on a stop, so the test signals a job known to be mid-training. Every process a
-test starts is killed at its end, whatever happened (`jobs.kill` finds them by an environment mark).
+test starts is killed at its end, whatever happened (`Job.kill_group` finds them by an environment mark).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 
@@ -27,7 +25,7 @@ import torch
 
 from fittrain.checkpoint import is_intact
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE, launcher_signals
-from jobs import JOB_TIMEOUT, SCRIPTS, finish, job_env, kill, start
+from support.jobs import JOB_TIMEOUT, SCRIPTS, Job, job_env
 
 STOP_STEP = 10  # the ranks agree on a stop every 10 steps (PreemptionWatcher.check_every)
 #: How long the workers may take to disappear once their launcher is gone (they die at once;
@@ -46,25 +44,24 @@ def _launch_command(script: str, *script_args: str) -> list[str]:
     return [sys.executable, "-m", "fittrain", "launch", "--num_processes", "2", str(SCRIPTS / script), *script_args]
 
 
-def _wait_for_files(proc: subprocess.Popen, files: list[pathlib.Path]) -> None:
+def _wait_for_files(job: Job, files: list[pathlib.Path]) -> None:
     """Waits until all `files` exist; kills the job and fails with its output if it ended first."""
     deadline = time.monotonic() + JOB_TIMEOUT
     while not all(f.exists() for f in files):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            kill(proc)
-            output, _ = proc.communicate()
-            pytest.fail(f"{[f.name for f in files]} never all appeared (exit {proc.returncode}):\n{output[-4000:]}")
+        if not job.running() or time.monotonic() > deadline:
+            job.kill_group()
+            pytest.fail(f"{[f.name for f in files]} never all appeared (exit {job.returncode}):\n{job.output[-4000:]}")
         time.sleep(0.05)
 
 
-def _held_launch(project: pathlib.Path) -> subprocess.Popen:
+def _held_launch(project: pathlib.Path) -> Job:
     """A Trainer job on 2 workers whose ranks hold after step STOP_STEP until a preemption signal;
     returns once both hold."""
     project.mkdir()
-    proc = start(_launch_command("slurm_train.py", "--project", str(project), "--samples", "64",
-                                 "--hold-at-step", str(STOP_STEP), "--facts", str(project / "facts{rank}.json")))
-    _wait_for_files(proc, [project / f"held.rank{rank}" for rank in (0, 1)])
-    return proc
+    job = Job(_launch_command("slurm_train.py", "--project", str(project), "--samples", "64",
+                              "--hold-at-step", str(STOP_STEP), "--facts", str(project / "facts{rank}.json")))
+    _wait_for_files(job, [project / f"held.rank{rank}" for rank in (0, 1)])
+    return job
 
 
 def _checkpoints(project: pathlib.Path) -> list[pathlib.Path]:
@@ -74,13 +71,13 @@ def _checkpoints(project: pathlib.Path) -> list[pathlib.Path]:
 
 @needs_sigterm_forwarding
 def test_sigterm_to_the_launcher_saves_and_exits_75(tmp_path: pathlib.Path) -> None:
-    project, started = tmp_path / "run", time.monotonic()
-    proc = _held_launch(project)
+    project = tmp_path / "run"
+    job = _held_launch(project)
     try:
-        os.kill(proc.pid, signal.SIGTERM)  # the launcher only, as srun or docker stop signal it
-        job = finish(proc, started)
+        job.kill(signal.SIGTERM)  # the launcher only, as srun or docker stop signal it
+        job.wait(expect=None)
     finally:
-        kill(proc)
+        job.kill_group()
     assert job.returncode == PREEMPTION_EXIT_CODE, job.output[-4000:]
     assert "Preempted: saved" in job.output, job.output[-4000:]
     saved = _checkpoints(project)
@@ -90,17 +87,16 @@ def test_sigterm_to_the_launcher_saves_and_exits_75(tmp_path: pathlib.Path) -> N
 
 @needs_sigterm_forwarding
 def test_a_second_sigterm_stops_workers_that_ignore_the_first(tmp_path: pathlib.Path) -> None:
-    started = time.monotonic()
     # torchrun's grace period between its SIGTERM and its SIGKILL, short for the test.
-    proc = start(_launch_command("sigterm_worker.py", str(tmp_path)), env=job_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3"))
+    job = Job(_launch_command("sigterm_worker.py", str(tmp_path)), env=job_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3"))
     try:
-        _wait_for_files(proc, [tmp_path / f"ready.rank{rank}" for rank in (0, 1)])
-        os.kill(proc.pid, signal.SIGTERM)
-        _wait_for_files(proc, [tmp_path / f"term.rank{rank}" for rank in (0, 1)])  # forwarded, and survived
-        os.kill(proc.pid, signal.SIGTERM)
-        job = finish(proc, started)
+        _wait_for_files(job, [tmp_path / f"ready.rank{rank}" for rank in (0, 1)])
+        job.kill(signal.SIGTERM)
+        _wait_for_files(job, [tmp_path / f"term.rank{rank}" for rank in (0, 1)])  # forwarded, and survived
+        job.kill(signal.SIGTERM)
+        job.wait(expect=None)
     finally:
-        kill(proc)
+        job.kill_group()
     assert job.returncode == 128 + signal.SIGTERM, job.output[-4000:]
 
 
@@ -115,17 +111,16 @@ def _is_running(pid: int) -> bool:
 
 def test_sigkill_to_the_launcher_leaves_no_worker(tmp_path: pathlib.Path) -> None:
     project = tmp_path / "run"
-    proc = _held_launch(project)
+    job = _held_launch(project)
     try:
         workers = [json.loads((project / f"facts{rank}.json").read_text())["pid"] for rank in (0, 1)]
         assert all(_is_running(pid) for pid in workers), workers
-        os.kill(proc.pid, signal.SIGKILL)  # the launcher only; its workers live in sessions of their own
-        proc.wait(timeout=30)
+        job.kill()  # SIGKILL to the launcher only; its workers live in sessions of their own
+        job.proc.wait(timeout=30)
         deadline = time.monotonic() + ORPHAN_BOUND_SECONDS
         while any(_is_running(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [pid for pid in workers if _is_running(pid)]
         assert not left, f"workers {left} outlived their launcher by {ORPHAN_BOUND_SECONDS:.0f}s"
     finally:
-        kill(proc)  # every process of the job, workers included, found by its environment mark
-        proc.communicate()
+        job.kill_group()  # every process of the job, workers included, found by its environment mark

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 import pytest
 
 from fittrain import notebook_launcher
-from jobs import SCRIPTS, free_port, run
+from support.jobs import free_port, python_script, run
 
 
 def test_both_launchers_run_a_function_on_two_processes(tmp_path: pathlib.Path) -> None:
-    run([sys.executable, str(SCRIPTS / "launchers_worker.py"), str(tmp_path), str(free_port())]).check()
+    run(python_script("launchers_worker.py", tmp_path, free_port())).check()
     for name, precision in (("notebook", "bf16"), ("debug", "no")):
         for rank in (0, 1):
             facts = json.loads((tmp_path / f"{name}_rank{rank}.json").read_text())

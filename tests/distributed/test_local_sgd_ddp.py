@@ -6,7 +6,8 @@ import re
 
 import torch
 
-from jobs import forked, read_results, run
+from support.jobs import forked, run
+from support.results import read_results
 
 
 def test_local_sgd_averages_every_k_steps_and_logging_picks_processes(tmp_path) -> None:

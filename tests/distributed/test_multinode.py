@@ -12,10 +12,8 @@ SLURM step with one launcher task per node, and takes the same layout from SLURM
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -25,7 +23,7 @@ import torch
 
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
-from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
+from support.jobs import JOB_TIMEOUT, SCRIPTS, Finished, Job, free_port, job_env
 
 SCRIPT = str(SCRIPTS / "multinode_train.py")
 # 64 samples, batch 2 per process, 4 processes: 8 optimizer steps per epoch, 16 in 2 epochs.
@@ -54,35 +52,33 @@ def _slurm_node_env(node_rank: int, port: int) -> dict[str, str]:
                    MASTER_PORT=str(port))
 
 
-def _wait_for_files(files: list[pathlib.Path], procs: list[subprocess.Popen]) -> None:
+def _wait_for_files(files: list[pathlib.Path], jobs: list[Job]) -> None:
     deadline = time.monotonic() + JOB_TIMEOUT
     while not all(f.exists() for f in files):
-        ended = [proc.args for proc in procs if proc.poll() is not None]
+        ended = [job.args for job in jobs if not job.running()]
         if ended or time.monotonic() > deadline:
             raise AssertionError(f"the ranks never all reached the step to preempt; ended early: {ended}")
         time.sleep(0.05)
 
 
-def _together(jobs: list[tuple[list[str], dict[str, str] | None]], expect: list[int],
+def _together(commands: list[tuple[list[str], dict[str, str] | None]], expect: list[int],
               preempt: tuple[list[pathlib.Path], list[int]] | None = None) -> list[Finished]:
     """Runs the launchers side by side; fails with every output unless each exits as expected.
     With `preempt` (files, launcher indices), sends SIGUSR1 to those launchers once all the files
-    exist. Whatever happens, none is left running."""
-    started = time.monotonic()
-    procs: list[subprocess.Popen] = []
+    exist. Whatever happens, none is left running. The nodes of a job share its port: a port
+    lost to another process is not retried."""
+    jobs: list[Job] = []
     try:
-        procs = [start(args, env) for args, env in jobs]
+        jobs = [Job(args, env, port_retry=False) for args, env in commands]
         if preempt is not None:
             files, targets = preempt
-            _wait_for_files(files, [procs[i] for i in targets])
+            _wait_for_files(files, [jobs[i] for i in targets])
             for i in targets:
-                os.kill(procs[i].pid, signal.SIGUSR1)  # the launcher only: it must pass it on
-        done = [finish(proc, started, JOB_TIMEOUT) for proc in procs]
+                jobs[i].kill(signal.SIGUSR1)  # the launcher only: it must pass it on
+        done = [job.wait(expect=None) for job in jobs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        for job in jobs:
+            job.kill_group()
     if [job.returncode for job in done] != expect:
         pytest.fail(f"exit codes {[job.returncode for job in done]}, expected {expect}:\n"
                     + "\n".join(f"--- launcher {i} ---\n{job.output[-3000:]}" for i, job in enumerate(done)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from jobs import forked, run
+from support.jobs import forked, run
 
 
 def test_partial_state_utils_decorators_and_triggers_on_two_processes(tmp_path: pathlib.Path) -> None:

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
 from fittrain.checkpoint.consolidate import consolidate
-from jobs import JOB_TIMEOUT, assert_state_equal, finish, forked, job_env, kill, run, start, torchrun
+from support.jobs import JOB_TIMEOUT, Job, forked, run, torchrun
+from support.results import assert_state_equal
 
 
 def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
@@ -62,13 +63,14 @@ def test_each_rank_writes_its_own_shards_and_a_resume_is_bitwise(tmp_path: pathl
     assert_state_equal(weights, torch.load(tmp_path / "at_checkpoint.pt"))
 
 
-def _wait_for_a_half_written_save(proc, checkpoints: pathlib.Path) -> pathlib.Path:
+def _wait_for_a_half_written_save(job: Job, checkpoints: pathlib.Path) -> pathlib.Path:
     """Waits (with a deadline) until a committed checkpoint exists and a newer one is half written."""
     deadline = time.monotonic() + JOB_TIMEOUT / 2
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended (exit {proc.returncode}) before a save was caught half-written:\n"
-                        f"{proc.communicate()[0][-4000:]}")
+        if not job.running():
+            job.kill_group()
+            pytest.fail(f"the job ended (exit {job.returncode}) before a save was caught half-written:\n"
+                        f"{job.output[-4000:]}")
         committed = list_checkpoints(checkpoints) if checkpoints.is_dir() else []
         temps = sorted(checkpoints.glob(".checkpoint_*.tmp")) if checkpoints.is_dir() else []
         for temp in temps:
@@ -81,14 +83,11 @@ def _wait_for_a_half_written_save(proc, checkpoints: pathlib.Path) -> pathlib.Pa
 
 def test_an_async_sharded_save_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path: pathlib.Path) -> None:
     checkpoints = tmp_path / "project" / "checkpoints"
-    proc = start(torchrun(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "40",
-                          "--slow", "0.5"), job_env())
-    started = time.monotonic()
+    job = Job(torchrun(2, "sharded_worker.py", "async", "--out", str(tmp_path), "--steps", "40", "--slow", "0.5"))
     try:
-        temp = _wait_for_a_half_written_save(proc, checkpoints)
+        temp = _wait_for_a_half_written_save(job, checkpoints)
     finally:
-        kill(proc)
-        finish(proc, started)
+        job.kill_group()
     survivors = list_checkpoints(checkpoints)
     assert survivors and all(is_intact(folder) for folder in survivors)
     assert not (checkpoints / temp.name[1:-len(".tmp")]).exists()  # the killed save never appeared

@@ -23,7 +23,7 @@ import torch
 from fittrain.checkpoint import CheckpointError, load_model_weights
 from fittrain.checkpoint.consolidate import consolidate
 from fittrain.checkpoint.crc import file_checksum
-from jobs import forked, load_script, run
+from support.jobs import forked, load_script, run
 
 METADATA = "shards/metadata.json"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from jobs import forked, run
+from support.jobs import forked, run
 
 
 def test_every_rank_refuses_damaged_and_mismatching_sharded_checkpoints_before_applying_anything(

@@ -16,7 +16,6 @@ import pathlib
 import random
 import signal
 import socket
-import sys
 import time
 from typing import Any
 
@@ -26,9 +25,8 @@ import torch
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 from fittrain.distributed.slurm import PORT_BASE
-from jobs import JOB_TIMEOUT, SCRIPTS, Finished, finish, free_port, job_env, start
+from support.jobs import JOB_TIMEOUT, Finished, Job, free_port, job_env, python_script
 
-SCRIPT = str(SCRIPTS / "slurm_train.py")
 # 48 samples, batch 2 per process, 2 processes: 12 optimizer steps per epoch, 24 in 2 epochs.
 TOTAL_STEPS = 24
 # The ranks agree on a stop every 10 steps (PreemptionWatcher.check_every): step 10 is mid-epoch 0.
@@ -48,25 +46,23 @@ def _slurm_env(rank: int, job_id: int, port: int | None, path_prefix: pathlib.Pa
 
 
 class _Step:
-    """The 2 tasks of one job step, started together; `kill` ends whatever is left of them."""
+    """The 2 tasks of one job step, started together; `kill` ends whatever is left of them. The
+    tasks share one port, so a port lost to another process is not retried here (see `uninterrupted`)."""
 
     def __init__(self, args: list[Any], envs: list[dict[str, str]]) -> None:
-        self.started = time.monotonic()
-        self.procs = [start([sys.executable, SCRIPT, *map(str, args)], env) for env in envs]
+        self.tasks = [Job(python_script("slurm_train.py", *args), env, port_retry=False) for env in envs]
 
-    def finish(self, expect: int = 0) -> list[Finished]:
-        done = [finish(proc, self.started, JOB_TIMEOUT) for proc in self.procs]
+    def finish(self, expect: int | None = 0) -> list[Finished]:
+        done = [task.wait(expect=None) for task in self.tasks]
         for rank, task in enumerate(done):
-            if task.returncode != expect:
+            if expect is not None and task.returncode != expect:
                 pytest.fail(f"task {rank} exited {task.returncode}, expected {expect}:\n"
                             + "\n".join(f"--- task {r} ---\n{t.output[-3000:]}" for r, t in enumerate(done)))
         return done
 
     def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        for task in self.tasks:
+            task.kill_group()
 
 
 def _run_step(args: list[Any], envs: list[dict[str, str]], expect: int = 0) -> list[Finished]:
@@ -108,9 +104,10 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         job_id, port = _port_for_a_job_id()
         step = _Step(args, [_slurm_env(rank, job_id, port=None) for rank in (0, 1)])
         try:
-            done = [finish(proc, step.started, JOB_TIMEOUT) for proc in step.procs]
+            done = step.finish(expect=None)
         finally:
             step.kill()
+        # Retried here, not by the runner: the port derives from the job id, which both tasks share.
         if all(task.returncode == 0 for task in done) or attempt or "EADDRINUSE" not in done[0].output:
             break
     for rank, task in enumerate(done):
@@ -141,13 +138,13 @@ def test_sigusr1_saves_requeues_once_and_the_requeued_step_resumes_exactly(
     try:
         deadline = time.monotonic() + JOB_TIMEOUT
         while not all((project / f"held.rank{rank}").exists() for rank in (0, 1)):
-            if time.monotonic() > deadline or any(proc.poll() is not None for proc in step.procs):
+            if time.monotonic() > deadline or any(not task.running() for task in step.tasks):
                 step.kill()
                 pytest.fail("the tasks never reached the step to preempt:\n"
-                            + "\n".join(proc.stdout.read()[-3000:] for proc in step.procs))
+                            + "\n".join(task.output[-3000:] for task in step.tasks))
             time.sleep(0.05)
-        for proc in step.procs:
-            os.kill(proc.pid, signal.SIGUSR1)  # SLURM's --signal=USR1@90 reaches every task
+        for task in step.tasks:
+            task.kill(signal.SIGUSR1)  # SLURM's --signal=USR1@90 reaches every task
         first = step.finish(expect=PREEMPTION_EXIT_CODE)
     finally:
         step.kill()

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobs import assert_state_equal, forked, read_results, run
+from support.jobs import forked, run
+from support.results import assert_state_equal, read_results
 
 
 @pytest.fixture(scope="module")

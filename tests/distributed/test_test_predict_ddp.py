@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from jobs import forked, load_script, read_results, run
+from support.jobs import forked, load_script, run
+from support.results import read_results
 
 STAGES = ("unfitted", "fitted")
 

@@ -7,7 +7,8 @@ import csv
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jobs import forked, read_results, run
+from support.jobs import forked, run
+from support.results import read_results
 
 
 def test_only_the_main_process_writes_trackers(tmp_path) -> None:

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fittrain.checkpoint.run_folders import run_folder
-from jobs import assert_state_close, forked, load_script, read_results, run
+from support.jobs import forked, load_script, run
+from support.results import assert_state_close, read_results
 
 
 @pytest.fixture(scope="module")

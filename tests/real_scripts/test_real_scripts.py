@@ -27,10 +27,10 @@ import importlib.util
 import json
 import pathlib
 import sys
-import time
-from types import ModuleType
 
 import pytest
+
+from support.jobs import Job, free_port, job_env, run
 
 pytestmark = pytest.mark.slow
 #: What the scripts and the comparison import (in the jobs only: importing them here would slow
@@ -119,24 +119,10 @@ if _missing:
                 "tests/real_scripts/README.md says where to fetch them", allow_module_level=True)
 
 
-def _load_jobs() -> ModuleType:
-    """tests/distributed/jobs.py (free ports, deadlines, killing whole jobs), by path."""
-    spec = importlib.util.spec_from_file_location("fittrain_test_jobs", HERE.parent / "distributed" / "jobs.py")
-    if spec.name in sys.modules:
-        return sys.modules[spec.name]
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-jobs = _load_jobs()
-
-
 def _env(home: pathlib.Path) -> dict[str, str]:
     """The jobs' environment: offline, every cache and tracker file under `home`, and nothing from
     outside that either library or a tracker would read as a setting."""
-    env = {key: value for key, value in jobs.job_env().items()
+    env = {key: value for key, value in job_env().items()
            if not key.startswith(("ACCELERATE_", "WANDB_", "MLFLOW_", "HF_", "TESTING_MOCKED"))}
     (home / "wandb").mkdir(parents=True, exist_ok=True)
     env.update(HF_HOME=str(home / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -162,7 +148,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], d
     core), then fittrain on 2 processes. Keyed by (library, processes)."""
     root = tmp_path_factory.mktemp("real_scripts")
     # in a process of its own, so that transformers is not imported into the test session
-    jobs.run([sys.executable, str(HERE / "assets.py"), str(root / "assets")], _env(root / "home_assets"), 300).check()
+    run([sys.executable, str(HERE / "assets.py"), str(root / "assets")], _env(root / "home_assets"), 300).check()
     spec = root / "runs.json"
     spec.write_text(json.dumps([{"name": run.name, "script": str(UPSTREAM / run.script), "argv": list(run.argv)}
                                 for run in RUNS]), encoding="utf-8")
@@ -170,20 +156,17 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], d
     def command(lib: str, nproc: int) -> list[str]:
         launcher = [sys.executable] if nproc == 1 else [  # as users start them
             sys.executable, "-m", "fittrain", "launch", "--num_processes", str(nproc),
-            "--main_process_port", str(jobs.free_port())]
+            "--main_process_port", str(free_port())]
         return [*launcher, str(HERE / "runner.py"), "--lib", lib, "--assets", str(root / "assets"),
                 "--out", str(root / f"{lib}_{nproc}"), "--spec", str(spec)]
 
-    started = time.monotonic()
-    single = [jobs.start(command(lib, 1), _env(root / f"home_{lib}_1")) for lib in ("accelerate", "fittrain")]
+    single = [Job(command(lib, 1), _env(root / f"home_{lib}_1"), JOB_TIMEOUT) for lib in ("accelerate", "fittrain")]
     try:
-        done = [jobs.finish(proc, started, JOB_TIMEOUT).check() for proc in single]
+        done = [job.wait() for job in single]
     finally:
-        for proc in single:
-            if proc.poll() is None:
-                jobs.kill(proc)
-                proc.communicate()
-    double = jobs.run(command("fittrain", 2), _env(root / "home_fittrain_2"), JOB_TIMEOUT).check()
+        for job in single:
+            job.kill_group()
+    double = run(command("fittrain", 2), _env(root / "home_fittrain_2"), JOB_TIMEOUT).check()
     return {("accelerate", 1): _parse(done[0].output), ("fittrain", 1): _parse(done[1].output),
             ("fittrain", 2): _parse(double.output)}
 

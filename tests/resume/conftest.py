@@ -1,32 +1,31 @@
-"""Fixtures of the exact-resume suite; the helpers live in resume_jobs.py."""
+"""Fixtures of the exact-resume suite; its helpers live in resume_support.py.
+
+(Jobs a failing test left running are ended by the suite's guard, tests/conftest.py.)
+"""
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Iterator
 
 import pytest
 import torch
 
-from resume_jobs import Job, References, load_script
+from resume_support import References
+from support.jobs import load_script
 
 
 @pytest.fixture(scope="session")
-def references(tmp_path_factory: pytest.TempPathFactory) -> References:
+def resume_references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[References]:
+    """The uninterrupted runs the resumed ones are compared with, computed once per session."""
     refs = References(tmp_path_factory.mktemp("references"))
     yield refs
     if refs.job is not None and refs.job.running():
         refs.job.kill_group()
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_jobs():
-    """After each test, kills whatever jobs it started that still run."""
-    yield
-    Job.kill_leftovers()
-
-
 @pytest.fixture
-def deterministic():
+def deterministic() -> Iterator[None]:
     """Deterministic ops for one in-process test, restored afterwards for the rest of the session."""
     previous = torch.are_deterministic_algorithms_enabled()
     yield

@@ -17,7 +17,8 @@ import torch
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import list_checkpoints
 from fittrain.checkpoint import snapshot as snapshot_module
-from resume_jobs import OTHER_SEED, Job, differing, forked_train_job, load_params, load_summary
+from resume_support import OTHER_SEED, differing, forked_train_job, load_params, load_summary
+from support.jobs import Job
 
 
 @pytest.fixture

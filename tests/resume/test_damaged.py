@@ -23,7 +23,7 @@ import torch
 from fittrain import Callback
 from fittrain.checkpoint import MANIFEST_NAME, CheckpointError
 from fittrain.checkpoint.run_folders import run_folder
-from resume_jobs import differing
+from resume_support import differing
 
 
 class _CountBatches(Callback):

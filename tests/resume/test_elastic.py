@@ -35,7 +35,8 @@ import pytest
 import torch
 from torch import nn
 
-from resume_jobs import SCRIPTS, Job, forked, load_params, load_script
+from resume_support import load_params
+from support.jobs import SCRIPTS, Job, forked, load_script
 
 JOB = SCRIPTS / "elastic_job.py"
 #: (processes, save after this optimizer step or None: run to the end) per leg.

@@ -21,18 +21,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fittrain import Accelerator
-from resume_jobs import (
+from resume_support import (
     OTHER_SEED,
     TRAIN_JOB,
-    Job,
     assert_bitwise_equal,
     checkpoint_meta,
     differing,
-    forked,
     forked_train_job,
     load_params,
     load_summary,
 )
+from support.jobs import Job, forked
 
 BATCHES_PER_EPOCH = 10
 
@@ -44,7 +43,7 @@ def _trace_in(folder) -> dict:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resume_mid_epoch_and_at_epoch_boundary(tmp_path, references, workers):
+def test_resume_mid_epoch_and_at_epoch_boundary(tmp_path, resume_references, workers):
     """Fresh processes seeded with 999 resume from a checkpoint in the middle of epoch 1 and from
     one at its end (before its validation), and end exactly as the run that was left alone.
 
@@ -53,15 +52,16 @@ def test_resume_mid_epoch_and_at_epoch_boundary(tmp_path, references, workers):
     before training goes on; test_kill.py and test_preemption.py do kill the process). That the
     saves did not disturb that run is checked against a reference that never saved.
     """
-    references.start()
+    resume_references.start()
     saving = f"single_w{workers}_saving"
-    mid, boundary = references.checkpoint(saving, 0), references.checkpoint(saving, 1)
+    mid, boundary = resume_references.checkpoint(saving, 0), resume_references.checkpoint(saving, 1)
     # These import now, and resume once the references (which write the checkpoints) are done.
-    common = ("--project", tmp_path / "run", "--workers", workers, "--seed", OTHER_SEED, "--wait-for", references.done)
+    common = ("--project", tmp_path / "run", "--workers", workers, "--seed", OTHER_SEED,
+              "--wait-for", resume_references.done)
     resumed = [Job(forked_train_job("--resume", mid, "--result", tmp_path / "mid.st", *common)),
                Job(forked_train_job("--resume", boundary, "--result", tmp_path / "boundary.st", *common))]
     try:
-        reference = references.get(f"single_w{workers}")
+        reference = resume_references.get(f"single_w{workers}")
         assert checkpoint_meta(mid)["dataloaders"][0]["epoch"] == 1
         assert checkpoint_meta(mid)["dataloaders"][0]["batches_consumed"] == 4
         # All of epoch 1's batches are consumed but the loader has not closed the epoch yet, and
@@ -78,7 +78,7 @@ def test_resume_mid_epoch_and_at_epoch_boundary(tmp_path, references, workers):
 
     ref_summary = load_summary(reference)
     assert ref_summary["should_stop"] and ref_summary["epoch"] == 3 and ref_summary["global_step"] == 15
-    assert_bitwise_equal(references.result(saving), reference)  # saving did not disturb the run
+    assert_bitwise_equal(resume_references.result(saving), reference)  # saving did not disturb the run
     for name in ("mid", "boundary"):
         assert_bitwise_equal(tmp_path / f"{name}.st", reference)
         # The whole trace matches too: every step's loss, and each epoch validated exactly once.
@@ -168,16 +168,16 @@ SABOTAGES = {
 
 
 @pytest.mark.parametrize("sabotage", sorted(SABOTAGES))
-def test_the_comparison_catches_a_resume_that_forgets_something(references, train_job_module, monkeypatch,
+def test_the_comparison_catches_a_resume_that_forgets_something(resume_references, train_job_module, monkeypatch,
                                                                deterministic, tmp_path, sabotage):
     """Resumes in this process from the mid-epoch checkpoint with one piece of state not restored:
     the final parameters must differ from the uninterrupted run (and match it when nothing is left
     out), so the bitwise comparisons above can fail."""
-    reference = references.get("single_w0")
+    reference = resume_references.get("single_w0")
     if SABOTAGES[sabotage]:
         monkeypatch.setattr(*SABOTAGES[sabotage])
     job = train_job_module
-    checkpoint = references.checkpoint("single_w0_saving", 1 if sabotage == "callback states" else 0)
+    checkpoint = resume_references.checkpoint("single_w0_saving", 1 if sabotage == "callback states" else 0)
     trainer, module, train, val = job.build(job.parse_args(
         ["--project", str(tmp_path), "--resume", str(checkpoint), "--seed", OTHER_SEED]))
     trainer.fit(module, train, val)

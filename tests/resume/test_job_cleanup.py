@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from resume_jobs import Job, train_job
+from resume_support import train_job
+from support.jobs import Job
 
 
 def test_a_job_waiting_for_a_file_that_never_comes_gives_up(tmp_path: pathlib.Path) -> None:

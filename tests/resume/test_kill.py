@@ -19,7 +19,8 @@ import pytest
 
 from fittrain.checkpoint import MANIFEST_NAME, is_intact, list_checkpoints
 from fittrain.checkpoint.run_folders import run_folders
-from resume_jobs import OTHER_SEED, Job, assert_bitwise_equal, load_summary, train_job
+from resume_support import OTHER_SEED, assert_bitwise_equal, load_summary, train_job
+from support.jobs import Job
 
 JOB_ARGS = ("--checkpoint-every", 1, "--checkpoint-limit", 3, "--slow-save", 0.03)
 KILL_DEADLINE = 60.0
@@ -45,7 +46,7 @@ def _wait(condition, what: str, job: Job) -> None:
     while not condition():
         if not job.running():
             job.wait(expect=None)
-            pytest.fail(f"the job ended (exit {job.proc.returncode}) before {what}:\n{job.output[-3000:]}")
+            pytest.fail(f"the job ended (exit {job.returncode}) before {what}:\n{job.output[-3000:]}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.005)
@@ -92,8 +93,8 @@ def _kill_at_random(job: Job, root: pathlib.Path, after: int, rng: random.Random
 
 @pytest.mark.parametrize("reference,data_args", [("single_w0", ()), ("stream_w2", ("--stream", "--workers", 2))],
                          ids=["map_style", "stream_2_workers"])
-def test_sigkill_at_random_moments_then_resume_latest(tmp_path, references, reference, data_args):
-    references.start()
+def test_sigkill_at_random_moments_then_resume_latest(tmp_path, resume_references, reference, data_args):
+    resume_references.start()
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     project = tmp_path / "run"
@@ -112,7 +113,7 @@ def test_sigkill_at_random_moments_then_resume_latest(tmp_path, references, refe
             after = max(_newest_number(root), 1)  # the first kill comes after two complete saves
             how = (_kill_inside_a_save(job, root, after) if kill == "save"
                    else _kill_at_random(job, root, after, rng))
-            assert job.proc.returncode == -9
+            assert job.returncode == -9
             finals = _finals(root)
             history.append(f"killed {how}; newest checkpoint: {finals[-1].name if finals else None}")
             broken = [f.name for f in finals if not is_intact(f)]
@@ -128,9 +129,9 @@ def test_sigkill_at_random_moments_then_resume_latest(tmp_path, references, refe
     print(f"kill history (seed {seed}):", *history, sep="\n  ")
     assert any("inside a save" in line for line in history), history
     summary = load_summary(result)
-    expected = load_summary(references.get(reference))
+    expected = load_summary(resume_references.get(reference))
     assert summary["global_step"] == expected["global_step"] > 10, (summary, history)
     try:
-        assert_bitwise_equal(result, references.get(reference))
+        assert_bitwise_equal(result, resume_references.get(reference))
     except BaseException as err:
         raise AssertionError(f"kill history (seed {seed}): {history}") from err

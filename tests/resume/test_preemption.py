@@ -22,11 +22,12 @@ from torch.utils.data import DataLoader
 from fittrain import Callback, Trainer
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE, PreemptionWatcher, ignore_preemption_signals
-from resume_jobs import OTHER_SEED, TRAIN_JOB, Job, assert_bitwise_equal, load_summary, torchrun, train_job
+from resume_support import OTHER_SEED, TRAIN_JOB, assert_bitwise_equal, load_summary, train_job
+from support.jobs import Job, torchrun
 
 
-def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, references):
-    references.start()
+def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, resume_references):
+    resume_references.start()
     project, progress, go = tmp_path / "run", tmp_path / "progress", tmp_path / "go"
     job = Job(train_job("--project", project, "--progress", progress, "--batch-sleep", 0.05))
     resumed = Job(train_job("--project", project, "--resume", "latest", "--seed", OTHER_SEED, "--wait-for", go,
@@ -48,8 +49,8 @@ def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, references):
     finally:
         job.kill_group()
         resumed.kill_group()
-    assert_bitwise_equal(tmp_path / "resumed.st", references.get("single_w0"))
-    assert load_summary(tmp_path / "resumed.st")["losses"] == load_summary(references.get("single_w0"))["losses"]
+    assert_bitwise_equal(tmp_path / "resumed.st", resume_references.get("single_w0"))
+    assert load_summary(tmp_path / "resumed.st")["losses"] == load_summary(resume_references.get("single_w0"))["losses"]
 
 
 class _SignalAt(Callback):

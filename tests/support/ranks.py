@@ -18,12 +18,12 @@ TCPStore (on a port the OS picks while binding it, so no port can be lost to a r
 rank joins it as a client (TORCHELASTIC_USE_AGENT_STORE). Nothing in torch.distributed is mocked.
 
 Jobs about launching itself (torchrun, `fittrain launch`, signals, preemption) keep real launchers.
+tests/support/jobs.py runs both kinds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -37,16 +37,6 @@ import uuid
 #: torch op there would start thread pools that a forked rank could not use.
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.checkpoint",
            "torch.nn.parallel", "safetensors.torch", "fittrain", "fittrain.callbacks", "support.rank_main"]
-
-
-@dataclasses.dataclass
-class RanksResult:
-    """How a job of forked ranks ended: worst exit code (0 when all succeeded), the ranks' output
-    (rank 0's first), and whether it was killed for running past its deadline."""
-
-    returncode: int
-    output: str
-    timed_out: bool
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -219,15 +209,3 @@ class Job:
         self._store = None
         self._logs.cleanup()
 
-
-def run(script: pathlib.Path, args: list[str], nproc: int, env: dict[str, str], timeout: float,
-        cwd: str | None = None) -> RanksResult:
-    """Runs `script args` on `nproc` forked ranks in `cwd`; every rank still alive at the end is killed."""
-    job = Job(script, args, nproc, env, cwd=cwd)
-    try:
-        finished = job.wait(timeout)
-        output = job.output()
-    finally:
-        job.close()
-    code = job.returncode
-    return RanksResult(returncode=-signal.SIGKILL if code is None else code, output=output, timed_out=not finished)

@@ -6,7 +6,7 @@ gradient accumulation, augmentation noise drawn from torch, NumPy and Python's `
 `__getitem__`, and deterministic ops. A resumed run seeds every RNG differently (`--seed 999`), so anything a
 checkpoint fails to restore shows up as different final parameters.
 
-Run `python tests/resume/scripts/train_job.py --help` for the options. The final parameters go to
+Run `python tests/support/scripts/train_job.py --help` for the options. The final parameters go to
 `--result` (safetensors) with a JSON summary next to it (`<result>.json`).
 """
 
