@@ -19,6 +19,7 @@ from fittrain.accelerator.configuration import (
     TorchDynamoPlugin,
 )
 from fittrain.accelerator.partial_state import PartialState
+from fittrain.accelerator.seeding import seed_everything
 from fittrain.checkpoint import CheckpointError, ProjectConfiguration
 from fittrain.common.version import package_version
 from fittrain.distributed.process_state import DistributedType
@@ -33,7 +34,7 @@ __all__ = [
     "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs",
     "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin",
     "ProjectConfiguration", "TrainModule", "TrainState", "Trainer", "debug_launcher", "find_executable_batch_size",
-    "notebook_launcher", "skip_first_batches",
+    "notebook_launcher", "seed_everything", "skip_first_batches",
 ]
 
 

@@ -21,11 +21,9 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
-import random
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm as _tqdm
 
@@ -41,6 +39,7 @@ from fittrain.accelerator.configuration import (
     TorchDynamoPlugin,
 )
 from fittrain.accelerator.partial_state import PartialState
+from fittrain.accelerator.seeding import set_seed
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common import availability
 from fittrain.common.availability import *  # noqa: F403 - Accelerate's is_*_available family, listed in __all__
@@ -63,29 +62,6 @@ __all__ = [
 # What an out-of-memory failure says, on each device kind (CPU allocations fail with the last one).
 _OOM_MESSAGES = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
                  "DefaultCPUAllocator: can't allocate memory")
-
-
-def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seeds `random`, `numpy` and `torch` (every device) alike, for reproducible runs.
-
-    Args:
-        seed: The seed.
-        device_specific: Add this process's index to the seed, so that processes draw differently.
-        deterministic: Also `torch.use_deterministic_algorithms(True)` (slower, reproducible kernels).
-
-    Raises:
-        TypeError: for a seed that is not an integer.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an integer. Received: seed={seed!r:.80} ({type(seed).__name__}). "
-                        "Pass e.g. set_seed(42).")
-    if device_specific:
-        seed += PartialState().process_index
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # numpy takes 0..2**32-1 only
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if deterministic:
-        torch.use_deterministic_algorithms(True)
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> _tqdm:

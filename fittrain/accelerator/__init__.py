@@ -13,6 +13,7 @@ Holds:
     partial_state    `PartialState` and `AcceleratorState`
     process_logging  `get_logger` (public as `fittrain.logging`)
     prepare_data     `prepare_data_loader` without an Accelerator object
+    seeding          `set_seed` (public in `fittrain.utils`) and Lightning's `seed_everything` (`fittrain`)
 
 May import: `step`, `data`, `checkpoint`, `trackers`, `distributed`, `common` (never `trainer`,
 `launch` or `callbacks`).

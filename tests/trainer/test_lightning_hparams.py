@@ -1,4 +1,4 @@
-"""save_hyperparameters(): a module's __init__ arguments in hparams, trackers and checkpoints."""
+"""save_hyperparameters(): a module's __init__ arguments in hparams, trackers and checkpoints; seed_everything."""
 
 from __future__ import annotations
 
@@ -69,3 +69,23 @@ def test_checkpoints_keep_them_and_a_resume_with_other_values_warns(tmp_path):
                                          r"\{'lr': 0.2, .*\}, now \{'lr': 0.4, "):
         Trainer(callbacks=[Checkpointer(every_n_epochs=1)], max_epochs=2, project_dir=tmp_path,
                 resume_from="latest").fit(Net(lr=0.4, activation=nn.ReLU()), make_loader())
+
+
+def test_seed_everything_seeds_every_generator_remembers_the_seed_and_returns_it(monkeypatch):
+    import random
+
+    import numpy as np
+
+    from fittrain import seed_everything
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    assert seed_everything(7, workers=True) == 7
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    assert seed_everything() == 7  # None takes the seed remembered in PL_GLOBAL_SEED
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    assert seed_everything() == 0
+    with pytest.raises(ValueError, match=r"`seed` must be in \[0, 2\*\*32\).*Received: seed=-1"):
+        seed_everything(-1)
+    with pytest.raises(TypeError, match=r"`seed` must be an integer\. Received: seed='7'"):
+        seed_everything("7")
