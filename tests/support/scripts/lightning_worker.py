@@ -1,0 +1,88 @@
+"""One rank of a 2-process fit written the Lightning way: `lightning_worker.py --out DIR --strategy S`.
+
+A DataModule whose prepare_data appends this rank to DIR/prepared.txt (so the test can count the
+calls per node), a module with Lightning's step signatures and hooks. Saves, per rank, what the
+module saw and its final weights to DIR/rank{r}.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fittrain import DataModule, Trainer, TrainModule
+
+
+class Numbers(DataModule):
+    def __init__(self, out: pathlib.Path) -> None:
+        self.out = out
+
+    def prepare_data(self) -> None:
+        with open(self.out / "prepared.txt", "a", encoding="utf-8") as f:
+            f.write(f"{torch.distributed.get_rank()}\n")
+
+    def setup(self, stage: str) -> None:
+        self.seen_prepared = (self.out / "prepared.txt").exists()  # prepare_data ran before any setup
+        x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1))
+        self.train = TensorDataset(x, x.sum(1, keepdim=True))
+        self.val = TensorDataset(x[:8], x[:8].sum(1, keepdim=True))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=4)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=4)
+
+
+class Net(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.indices: list[int] = []
+        self.epochs_ended = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.indices.append(batch_idx)
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def on_train_epoch_end(self) -> None:
+        self.epochs_ended += 1
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("epochs_so_far", float(self.current_epoch + 1))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--strategy", default="ddp")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    module, data = Net(), Numbers(args.out)
+    trainer = Trainer(max_epochs=2, strategy=args.strategy, project_dir=str(args.out), enable_progress_bar=False)
+    trainer.fit(module, datamodule=data)
+    rank = trainer.accelerator.process_index
+    weights = {k: v.detach().clone() for k, v in trainer.accelerator.get_state_dict(trainer.model).items()}
+    torch.save({"indices": module.indices, "epochs_ended": module.epochs_ended, "metrics": trainer.state.metrics,
+                "seen_prepared": data.seen_prepared, "weights": weights}, args.out / f"rank{rank}.pt")
+    trainer.accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

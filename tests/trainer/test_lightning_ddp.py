@@ -1,0 +1,30 @@
+"""A fit written the Lightning way on 2 real gloo processes: DataModule, (batch, batch_idx), module hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support.jobs import forked, run
+from support.results import read_results
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_lightning_style_fit_runs_alike_on_both_ranks(tmp_path, strategy):
+    run(forked(2, "lightning_worker.py", "--out", tmp_path, "--strategy", strategy)).check()
+    ranks = read_results(tmp_path, 2)
+    # prepare_data once per node (both ranks are on this one), before any rank's setup.
+    assert (tmp_path / "prepared.txt").read_text().split() == ["0"]
+    for rank in ranks:
+        assert rank["seen_prepared"]
+        # 32 samples in batches of 4, dealt to 2 ranks: 4 batches a rank per epoch, indexed from 0 each epoch;
+        # under DDP and FSDP2 the step runs through the wrapper's forward, which passes batch_idx on.
+        assert rank["indices"] == [0, 1, 2, 3] * 2
+        assert rank["epochs_ended"] == 2
+        assert rank["metrics"]["epochs_so_far"] == 2.0  # logged in on_validation_epoch_end
+    assert ranks[0]["metrics"]["val_loss"] == ranks[1]["metrics"]["val_loss"]
+    for key, value in ranks[0]["weights"].items():
+        if key in ranks[1]["weights"]:
+            assert torch.equal(value, ranks[1]["weights"][key]), f"the ranks' weights differ at {key}"
