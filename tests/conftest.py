@@ -3,10 +3,11 @@
 `subprocess` marks the tests that start processes (torchrun and `fittrain launch` jobs, forked
 ranks, fresh interpreters): they are most of the suite's time, so `python -m pytest -m "not
 subprocess"` is the quick inner loop, and the README's `python -m pytest -q` still runs everything.
-Whole folders and files are marked here (`SUBPROCESS_PATHS`); a test elsewhere that starts a
-process carries `@pytest.mark.subprocess` itself. The guard fails an unmarked test that starts a
-new Python interpreter, so the quick loop never pays for one unnoticed (a short `git` or `mount`
-is not worth a mark).
+A file whose every test starts processes says so at its top (`pytestmark = pytest.mark.subprocess`);
+a test elsewhere that starts one carries `@pytest.mark.subprocess` itself. The guard fails an
+unmarked test that starts a new Python interpreter or forks a job's ranks (tests/support/ranks.py
+raises an audit event for each), so the quick loop never pays for one unnoticed (a short `git` or
+`mount` is not worth a mark).
 
 The guard (`guard`, autouse) also restores the environment variables a test changed, ends the
 jobs (tests/support/jobs.py) a test left running, and fails a test that leaves a torch process
@@ -25,16 +26,14 @@ from typing import Iterator
 
 import pytest
 
-TESTS = pathlib.Path(__file__).parent
-#: Folders and files (relative to tests/) whose every test starts processes.
-SUBPROCESS_PATHS = ("distributed", "resume", "real_scripts", "test_accelerate_scripts.py", "test_examples.py",
-                    "test_consolidate.py", "test_fault_injection.py", "test_launch_guard.py",
-                    "test_cli_version.py", "test_packaging.py", "test_benchmarks.py", "test_trackers_optional.py")
 #: A process whose environment has this variable may outlive the test that started it (the
 #: forkserver of tests/support/ranks.py, the resume suite's session-long references job).
 SESSION_PROCESS = "FITTRAIN_TEST_SESSION_PROCESS"
 #: Audit events that start a new program (a fork alone, as DataLoader workers do, is cheap).
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.exec"})
+#: The audit event of a job of forked ranks (tests/support/ranks.py's AUDIT_EVENT): each rank runs a
+#: whole script, as a new interpreter would, without the import.
+_RANKS_EVENT = "fittrain.tests.ranks"
 
 
 _started_key = pytest.StashKey[list]()
@@ -58,8 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _record(config: pytest.Config, event: str, args: tuple) -> None:
-    """Notes a new Python interpreter (what costs seconds: it imports torch); `mount` or `git` do not count."""
-    if event in _PROCESS_EVENTS and _is_python(args[0] if args[0] is not None else _first(args[1])):
+    """Notes a new Python interpreter (what costs seconds: it imports torch) or a job of forked ranks;
+    `mount` or `git` do not count."""
+    if event == _RANKS_EVENT or (
+            event in _PROCESS_EVENTS and _is_python(args[0] if args[0] is not None else _first(args[1]))):
         config.stash[_started_key].append(f"{event}{args[:2]!r}"[:300])
 
 
@@ -70,14 +71,6 @@ def _first(argv: object) -> object:
 def _is_python(program: object) -> bool:
     name = os.path.basename(os.fsdecode(program)) if isinstance(program, (str, bytes, os.PathLike)) else ""
     return name.startswith("python") or name in ("torchrun", "fittrain", "accelerate", "pytest")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    marked = [TESTS / path for path in SUBPROCESS_PATHS]
-    for item in items:
-        path = pathlib.Path(str(item.path))
-        if any(path == root or root in path.parents for root in marked):
-            item.add_marker(pytest.mark.subprocess)
 
 
 def _children() -> set[int]:

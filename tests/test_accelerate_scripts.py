@@ -29,6 +29,8 @@ import pytest
 
 from support.jobs import forked, run
 
+pytestmark = pytest.mark.subprocess
+
 SCRIPTS = pathlib.Path(__file__).parent / "accelerate_scripts"
 #: Longest one job may run; the scripts take seconds, but the machine may be shared.
 TIMEOUT = 180.0

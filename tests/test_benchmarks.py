@@ -28,6 +28,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 

@@ -19,6 +19,8 @@ import torch
 
 import fittrain
 
+pytestmark = pytest.mark.subprocess
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
 

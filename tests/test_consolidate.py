@@ -19,6 +19,8 @@ from fittrain import Accelerator
 from fittrain.checkpoint.consolidate import consolidate
 from fittrain.launch.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 
 def _consolidate(*args: str) -> subprocess.CompletedProcess:
     """The command as users run it (a fresh interpreter: no process group, nothing imported)."""

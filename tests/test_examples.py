@@ -24,6 +24,8 @@ import traceback
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TIMEOUT_S = 300

@@ -23,6 +23,8 @@ import uuid
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 TOTAL = re.compile(r"^total: (\d+)/(\d+) survived", re.MULTILINE)

@@ -27,7 +27,8 @@ _GUARD = "from fittrain.distributed.launch_guard import guard_worker; guard_work
 START_TIMEOUT = 120.0
 GONE_TIMEOUT = 30.0
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see processes")
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see processes")]
 
 
 def _python(code: str) -> list[str]:

@@ -33,7 +33,7 @@ import sysconfig
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 CHECK = """
 import json, pathlib, sys

@@ -19,6 +19,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 DEADLINE = 180  # seconds a wandb subprocess may take before it is killed
 
 

@@ -3,11 +3,14 @@ group of their own while DDP goes on training (scripts/async_checkpoint_worker.p
 
 from __future__ import annotations
 
+import pytest
 import safetensors.torch
 import torch
 
 from support.jobs import forked, run
 from support.results import assert_state_equal, read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_two_processes_write_checkpoints_in_the_background_while_training(tmp_path):

@@ -16,6 +16,8 @@ from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
 from support.jobs import forked, run
 from support.results import read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def best_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

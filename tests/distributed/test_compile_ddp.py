@@ -15,6 +15,8 @@ import pytest
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, read_results
 
+pytestmark = pytest.mark.subprocess
+
 STRATEGIES = ("ddp", "fsdp")
 
 

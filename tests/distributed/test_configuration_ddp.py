@@ -5,10 +5,13 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
 import torch
 
 from support.jobs import fittrain_launch, forked, job_env, run
 from support.results import assert_state_equal, read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_ddp_kwargs_accumulation_plugin_trigger_and_join_on_two_processes(tmp_path: pathlib.Path) -> None:

@@ -16,6 +16,8 @@ from torch.utils.data import DataLoader
 from support.jobs import forked, load_script, run
 from support.results import read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def worker() -> Any:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from support.results import assert_state_close, assert_state_equal
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_process_facts_come_from_the_launcher(ddp_job: dict[str, Any]) -> None:

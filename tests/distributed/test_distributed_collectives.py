@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from support.results import assert_state_equal
+
+pytestmark = pytest.mark.subprocess
 
 
 def _metrics(ddp_job: dict[str, Any]) -> list[dict[str, Any]]:

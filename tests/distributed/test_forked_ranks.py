@@ -12,6 +12,8 @@ from support import ranks as forked_ranks
 from support.jobs import SCRIPTS, forked, job_env, run
 from support.results import read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_ranks_see_what_a_torchrun_worker_sees(tmp_path: pathlib.Path) -> None:
     done = run(forked(2, "forked_probe_worker.py", str(tmp_path), "probe", cwd=tmp_path)).check()

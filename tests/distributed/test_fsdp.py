@@ -14,6 +14,8 @@ from fittrain import Accelerator, DistributedType
 from fittrain.distributed import parallel
 from support.results import assert_state_close, assert_state_equal
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_prepare_rebinds_an_optimizer_built_before_it(fsdp_job: dict[str, Any]) -> None:
     for rank in fsdp_job["ranks"]:

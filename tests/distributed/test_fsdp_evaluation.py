@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from support.jobs import forked, load_script, run
 from support.results import read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_uneven_evaluation_under_fsdp_neither_hangs_nor_counts_a_repeat(tmp_path) -> None:

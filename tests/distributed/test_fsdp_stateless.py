@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
 from support.jobs import forked, run
 from support.results import assert_state_equal, read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_a_stateless_optimizer_resumes_under_fsdp(tmp_path: pathlib.Path) -> None:

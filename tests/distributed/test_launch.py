@@ -21,6 +21,8 @@ from fittrain.launch import cli
 from support.jobs import SCRIPTS, fittrain_launch, free_port, job_env, run, run_together, torchrun
 from support.results import assert_state_close, assert_state_equal, read_results
 
+pytestmark = pytest.mark.subprocess
+
 #: A failing job must end within this after the failure (torchrun polls its workers every 0.1 s
 #: and gives survivors a grace period after SIGTERM); startup time on a busy machine is excluded.
 BOUND_SECONDS = 30.0

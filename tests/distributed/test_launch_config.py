@@ -19,6 +19,8 @@ from fittrain.launch import cli
 from fittrain.launch.config import ACCUMULATION_ENV, MIXED_PRECISION_ENV, USE_CPU_ENV, worker_environment
 from support.jobs import free_port, run
 
+pytestmark = pytest.mark.subprocess
+
 # What `accelerate config` writes for "multi-CPU" on one machine (accelerate 1.x), with bf16.
 MULTI_CPU_CONFIG = """\
 compute_environment: LOCAL_MACHINE

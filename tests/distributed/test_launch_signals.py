@@ -32,7 +32,8 @@ STOP_STEP = 10  # the ranks agree on a stop every 10 steps (PreemptionWatcher.ch
 #: the bound only covers a busy machine).
 ORPHAN_BOUND_SECONDS = 30.0
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="signals to process trees; tested on Linux")
+pytestmark = [pytest.mark.subprocess,
+              pytest.mark.skipif(sys.platform != "linux", reason="signals to process trees; tested on Linux")]
 #: torchrun before torch 2.9 has no --signals-to-handle: it keeps SIGTERM to itself and exits 143.
 needs_sigterm_forwarding = pytest.mark.skipif(signal.SIGTERM not in launcher_signals(),
                                               reason="this torchrun cannot leave SIGTERM to fittrain launch")

@@ -10,6 +10,8 @@ import pytest
 from fittrain import notebook_launcher
 from support.jobs import free_port, python_script, run
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_both_launchers_run_a_function_on_two_processes(tmp_path: pathlib.Path) -> None:
     run(python_script("launchers_worker.py", tmp_path, free_port())).check()

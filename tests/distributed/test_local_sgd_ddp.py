@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from support.jobs import forked, run
 from support.results import read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_local_sgd_averages_every_k_steps_and_logging_picks_processes(tmp_path) -> None:

@@ -10,6 +10,8 @@ import torch
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -25,6 +25,8 @@ from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 from support.jobs import JOB_TIMEOUT, SCRIPTS, Finished, Job, free_port, job_env
 
+pytestmark = pytest.mark.subprocess
+
 SCRIPT = str(SCRIPTS / "multinode_train.py")
 # 64 samples, batch 2 per process, 4 processes: 8 optimizer steps per epoch, 16 in 2 epochs.
 SAMPLES, TOTAL_STEPS = "64", 16

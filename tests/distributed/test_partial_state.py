@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from support.jobs import forked, run
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_partial_state_utils_decorators_and_triggers_on_two_processes(tmp_path: pathlib.Path) -> None:

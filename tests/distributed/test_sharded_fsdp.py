@@ -22,6 +22,8 @@ from fittrain.checkpoint.consolidate import consolidate
 from support.jobs import JOB_TIMEOUT, Job, forked, run, torchrun
 from support.results import assert_state_equal
 
+pytestmark = pytest.mark.subprocess
+
 
 def _ranks(out: pathlib.Path, prefix: str, n: int) -> list[dict]:
     return [json.loads((out / f"{prefix}{r}.json").read_text()) for r in range(n)]

@@ -25,6 +25,8 @@ from fittrain.checkpoint.consolidate import consolidate
 from fittrain.checkpoint.crc import file_checksum
 from support.jobs import forked, load_script, run
 
+pytestmark = pytest.mark.subprocess
+
 METADATA = "shards/metadata.json"
 
 

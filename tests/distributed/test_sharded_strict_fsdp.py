@@ -13,7 +13,11 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from support.jobs import forked, run
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_every_rank_refuses_damaged_and_mismatching_sharded_checkpoints_before_applying_anything(

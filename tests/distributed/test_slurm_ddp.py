@@ -27,6 +27,8 @@ from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 from fittrain.distributed.slurm import PORT_BASE
 from support.jobs import JOB_TIMEOUT, Finished, Job, free_port, job_env, python_script
 
+pytestmark = pytest.mark.subprocess
+
 # 48 samples, batch 2 per process, 2 processes: 12 optimizer steps per epoch, 24 in 2 epochs.
 TOTAL_STEPS = 24
 # The ranks agree on a stop every 10 steps (PreemptionWatcher.check_every): step 10 is mid-epoch 0.

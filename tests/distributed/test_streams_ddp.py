@@ -10,6 +10,8 @@ import pytest
 from support.jobs import forked, run
 from support.results import assert_state_equal, read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def stream_job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:

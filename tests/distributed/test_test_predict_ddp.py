@@ -12,6 +12,8 @@ import torch
 from support.jobs import forked, load_script, run
 from support.results import read_results
 
+pytestmark = pytest.mark.subprocess
+
 STAGES = ("unfitted", "fitted")
 
 

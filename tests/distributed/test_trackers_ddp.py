@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from support.jobs import forked, run
 from support.results import read_results
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_only_the_main_process_writes_trackers(tmp_path) -> None:

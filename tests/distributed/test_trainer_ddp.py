@@ -10,6 +10,8 @@ from fittrain.checkpoint.run_folders import run_folder
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, read_results
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def trainer_job(tmp_path_factory: pytest.TempPathFactory) -> dict:

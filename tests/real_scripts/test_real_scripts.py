@@ -32,7 +32,7 @@ import pytest
 
 from support.jobs import Job, free_port, job_env, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 #: What the scripts and the comparison import (in the jobs only: importing them here would slow
 #: every collection of the suite by seconds).
 _NEEDED = ("transformers", "evaluate", "accelerate", "sklearn", "schedulefree", "datasets")

@@ -3,8 +3,12 @@ continues an interrupted hand-written Accelerator loop bitwise exactly (docs/res
 
 from __future__ import annotations
 
+import pytest
+
 from resume_support import OTHER_SEED, checkpoint_meta, differing, load_params
 from support.jobs import Job, python_script
+
+pytestmark = pytest.mark.subprocess
 
 
 def plain_loop(*args) -> list[str]:

@@ -20,6 +20,8 @@ from fittrain.checkpoint import snapshot as snapshot_module
 from resume_support import OTHER_SEED, differing, forked_train_job, load_params, load_summary
 from support.jobs import Job
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture
 def one_thread():

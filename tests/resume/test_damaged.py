@@ -25,6 +25,8 @@ from fittrain.checkpoint import MANIFEST_NAME, CheckpointError
 from fittrain.checkpoint.run_folders import run_folder
 from resume_support import differing
 
+pytestmark = pytest.mark.subprocess
+
 
 class _CountBatches(Callback):
     def __init__(self) -> None:

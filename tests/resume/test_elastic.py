@@ -38,6 +38,8 @@ from torch import nn
 from resume_support import load_params
 from support.jobs import SCRIPTS, Job, forked, load_script
 
+pytestmark = pytest.mark.subprocess
+
 JOB = SCRIPTS / "elastic_job.py"
 #: (processes, save after this optimizer step or None: run to the end) per leg.
 CHAIN = [(1, 14), (2, 16), (4, 17), (2, 19), (1, None)]

@@ -33,6 +33,8 @@ from resume_support import (
 )
 from support.jobs import Job, forked
 
+pytestmark = pytest.mark.subprocess
+
 BATCHES_PER_EPOCH = 10
 
 

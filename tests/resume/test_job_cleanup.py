@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import pathlib
 
+import pytest
+
 from resume_support import train_job
 from support.jobs import Job
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_a_job_waiting_for_a_file_that_never_comes_gives_up(tmp_path: pathlib.Path) -> None:

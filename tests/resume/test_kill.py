@@ -22,6 +22,8 @@ from fittrain.checkpoint.run_folders import run_folders
 from resume_support import OTHER_SEED, assert_bitwise_equal, load_summary, train_job
 from support.jobs import Job
 
+pytestmark = pytest.mark.subprocess
+
 JOB_ARGS = ("--checkpoint-every", 1, "--checkpoint-limit", 3, "--slow-save", 0.03)
 KILL_DEADLINE = 60.0
 

@@ -25,6 +25,8 @@ from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE, PreemptionWatc
 from resume_support import OTHER_SEED, TRAIN_JOB, assert_bitwise_equal, load_summary, train_job
 from support.jobs import Job, torchrun
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path, resume_references):
     resume_references.start()

@@ -18,7 +18,8 @@ TCPStore (on a port the OS picks while binding it, so no port can be lost to a r
 rank joins it as a client (TORCHELASTIC_USE_AGENT_STORE). Nothing in torch.distributed is mocked.
 
 Jobs about launching itself (torchrun, `fittrain launch`, signals, preemption) keep real launchers.
-tests/support/jobs.py runs both kinds.
+tests/support/jobs.py runs both kinds; each forked job raises the audit event `AUDIT_EVENT`, which
+the suite's guard (tests/conftest.py) counts as a started process, as it does a new interpreter.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import multiprocessing.connection
 import os
 import pathlib
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -77,6 +79,8 @@ def rank_env(base: dict[str, str], rank: int, nproc: int, port: int) -> dict[str
     return env
 
 
+#: The audit event raised (`sys.audit`) for each job of forked ranks, with the script and the process count.
+AUDIT_EVENT = "fittrain.tests.ranks"
 #: Appended to a rank's log path: the file where the rank writes its exit code as it ends.
 EXIT_SUFFIX = ".exit"
 
@@ -117,6 +121,7 @@ class Job:
         if not torchrun and nproc != 1:
             raise ValueError(f"A job without torchrun's environment has one process. Received: nproc={nproc}. "
                              "Pass nproc=1, or torchrun=True.")
+        sys.audit(AUDIT_EVENT, str(script), nproc)
         # Imported here: the test process needs torch.distributed only for the jobs it hosts a store for.
         from torch.distributed import TCPStore
 
