@@ -17,6 +17,7 @@ Holds:
     evaluation      `Evaluation`: the validation, test and predict loops, returning their results
     parts           small pieces of the loop: argument checks, loss extraction, `StepRunner`,
                     metric bookkeeping
+    preempt         on a preemption signal: finish the step, save, exit 75
     runs            the fit's run: its name, its folder, the checkpoint a resume loads, its hparams
     datamodule      `DataModule` (Lightning's LightningDataModule): prepare_data, setup(stage), the loaders
     progress        `ProgressBar`, the default display (`enable_progress_bar`); fittrain.callbacks exports it

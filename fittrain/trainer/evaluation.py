@@ -34,7 +34,7 @@ from fittrain.common.reprs import short_repr
 from fittrain.data import check_batches, send_to_device
 from fittrain.trainer.events import Event
 from fittrain.trainer.module import TrainModule
-from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader
+from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader, length_of
 
 if TYPE_CHECKING:
     from fittrain.accelerator.accelerator import Accelerator
@@ -42,6 +42,24 @@ if TYPE_CHECKING:
 _CPU = torch.device("cpu")
 _PREDICT_FORMS = ("a tensor, or a dict, tuple or list of tensors, whose first dimension is the batch's samples; "
                   "or a list with one item per sample")
+
+
+def check_fit_inputs(module: Any, train_loader: Any, val_loader: Any) -> None:
+    """Refuses what `Trainer.fit` cannot train: not a TrainModule, a one-shot or empty train_loader, a
+    val_loader for a module without validation_step."""
+    if not isinstance(module, TrainModule):
+        raise TypeError(f"fit() takes a TrainModule. Received: {type(module).__name__}. "
+                        "Subclass fittrain.TrainModule and implement training_step and configure_optimizers.")
+    check_loader("train_loader", train_loader)
+    for name, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
+        if loader is not None and not isinstance(loader, DataLoader):
+            check_loader(name, loader)
+            check_batches(loader, name)
+    if length_of(train_loader) == 0:  # a stream has no length: an empty epoch is caught when it runs
+        raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "
+                         "Check the dataset's length and the loader's batch_size/drop_last.")
+    if val_loader is not None and not module.has_validation_step():
+        module.validation_step(None)  # raises the explanatory NotImplementedError
 
 
 def check_inputs(method: str, module: Any, loader: Any) -> None:

@@ -14,19 +14,24 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from fittrain.accelerator.accelerator import Accelerator
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_bool, check_positive_int
-from fittrain.data import check_batches
 from fittrain.distributed.parallel import check_strategy
-from fittrain.distributed.preemption import DEFAULT_SIGNALS, PREEMPTION_EXIT_CODE, PreemptionWatcher
+from fittrain.distributed.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from fittrain.step.compile import check_compile, use_compile
 from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.callback_states import CallbackStates
 from fittrain.trainer.datamodule import DataModule, DataStages
-from fittrain.trainer.evaluation import Evaluation, as_test_metrics, check_inputs, check_predictable, pick_test_method
+from fittrain.trainer.evaluation import (
+    Evaluation,
+    as_test_metrics,
+    check_fit_inputs,
+    check_inputs,
+    check_predictable,
+    pick_test_method,
+)
 from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
 from fittrain.trainer.manual import ManualOptimization
 from fittrain.trainer.module import TrainModule
@@ -35,13 +40,12 @@ from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimiz
 from fittrain.trainer.parts import (
     StepRunner,
     check_accelerator,
-    check_loader,
     check_path,
     check_validation_interval,
     empty_epoch_error,
-    length_of,
     warn_once,
 )
+from fittrain.trainer.preempt import save_and_exit
 from fittrain.trainer.progress import with_progress_bar
 from fittrain.trainer.runs import RunPlan, check_one_checkpointer, load_resumed, start_run
 from fittrain.trainer.schedules import Schedule
@@ -182,7 +186,7 @@ class Trainer:
         resume = self._start_run()
         train_loader, val_loader = self.data.fit_loaders(module, (train_loader, train_dataloaders),
                                                          (val_loader, val_dataloaders), datamodule)
-        self._check_inputs(module, train_loader, val_loader)
+        check_fit_inputs(module, train_loader, val_loader)
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
         self.module, self.state = module, TrainState()
         module.attach(self)
@@ -206,7 +210,7 @@ class Trainer:
                         if stop or self._steps_done():  # a mid-epoch stop ends the epoch on every process alike
                             break
                         if self._preempted():  # a signal came: finish this step, save, exit 75
-                            self._save_and_exit()
+                            save_and_exit(self)
                     if self._validates_at_epoch_end(state.epoch):
                         self._validate(self.val_loader)
                         self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
@@ -257,27 +261,6 @@ class Trainer:
         """Whether to save and exit now: a preemption signal came, and an optimizer step just ended."""
         return self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator,
                                                                                self.state.global_step)
-
-    def _save_and_exit(self) -> None:
-        try:
-            self.accelerator.wait_for_checkpoint()
-        except Exception as err:
-            # The preemption save matters more than an earlier one that failed: report it and save.
-            warn_once(self, f"A background checkpoint write had failed; saving the preemption checkpoint "
-                            f"anyway. The failure: {err!r}")
-        # A user's Accelerator may lack automatic naming; "latest" must find this checkpoint.
-        config = self.accelerator.project_configuration
-        config.automatic_checkpoint_naming = True
-        if config.project_dir is None:
-            config.set_directories(self.project_dir)
-        path = self.accelerator.save_state()
-        # Every rank exits 75: none leaves before all have saved (torchrun stops the others with
-        # SIGTERM as soon as one exits), and that SIGTERM then finds the signal ignored.
-        self.accelerator.wait_for_everyone()
-        self.preemption.mark_exiting(self.accelerator.use_distributed)
-        self.accelerator.print(f"Preempted: saved {path}; resume with resume_from='latest'.")
-        self.preemption.requeue_if_asked(self.accelerator.is_main_process)  # SIGUSR1 under SLURM only
-        raise SystemExit(PREEMPTION_EXIT_CODE)
 
     def _finished(self) -> bool:
         return self.state.should_stop or self._steps_done() or (
@@ -423,19 +406,3 @@ class Trainer:
         plan = start_run(self, self._given_run_name, lambda msg: warn_once(self, msg))
         self.run_name = plan.name
         return plan
-
-    @staticmethod
-    def _check_inputs(module: Any, train_loader: Any, val_loader: Any) -> None:
-        if not isinstance(module, TrainModule):
-            raise TypeError(f"fit() takes a TrainModule. Received: {type(module).__name__}. "
-                            "Subclass fittrain.TrainModule and implement training_step and configure_optimizers.")
-        check_loader("train_loader", train_loader)
-        for name, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
-            if loader is not None and not isinstance(loader, DataLoader):
-                check_loader(name, loader)
-                check_batches(loader, name)
-        if length_of(train_loader) == 0:  # a stream has no length: an empty epoch is caught when it runs
-            raise ValueError("fit() received an empty train_loader (0 batches): nothing to train on. "
-                             "Check the dataset's length and the loader's batch_size/drop_last.")
-        if val_loader is not None and not module.has_validation_step():
-            module.validation_step(None)  # raises the explanatory NotImplementedError
