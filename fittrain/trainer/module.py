@@ -16,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -182,6 +183,51 @@ class TrainModule(LifecycleHooks, nn.Module):
             return None
         return schedulers[0] if len(schedulers) == 1 else list(schedulers)
 
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Lightning's: until `untoggle_optimizer`, only `optimizer`'s parameters require gradients, so
+        a backward leaves the other optimizers' parameters (a GAN's discriminator) without any.
+
+        Parameters that required no gradient before keep requiring none.
+
+        Raises:
+            RuntimeError: outside a running fit.
+            ValueError: for an optimizer that is not one of `self.optimizers()`.
+        """
+        trainer = self._fitting_trainer("toggle_optimizer(optimizer)")
+        if not any(optimizer is opt for opt in trainer.optimizers):
+            raise ValueError(f"{type(self).__name__}.toggle_optimizer() takes one of self.optimizers(). Received: "
+                             f"{short_repr(optimizer)}. Pass the optimizer self.optimizers() returned.")
+        before: dict[torch.Tensor, bool] = self.__dict__.get("_requires_grad_before") or {}
+        for opt in trainer.optimizers:
+            for param in _parameters_of(opt):
+                before.setdefault(param, param.requires_grad)
+                param.requires_grad_(False)
+        for param in _parameters_of(optimizer):
+            param.requires_grad_(before[param])
+        object.__setattr__(self, "_requires_grad_before", before)  # not a module attribute: never saved
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Gives every parameter the `requires_grad` it had before `toggle_optimizer(optimizer)`."""
+        before = self.__dict__.get("_requires_grad_before") or {}
+        for param, required in before.items():
+            param.requires_grad_(required)
+        object.__setattr__(self, "_requires_grad_before", {})
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """`toggle_optimizer(optimizer)` for the block, then `untoggle_optimizer` (also when it raises)."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only (Lightning's `self.print`); anywhere `print` on each process."""
+        trainer = self.__dict__.get("_trainer")
+        if trainer is None or trainer.accelerator.is_main_process:
+            print(*args, **kwargs)
+
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Use instead of `loss.backward()` in manual optimization: it scales the loss for fp16,
         divides it over the accumulation window, and fires `on_before_backward`/`on_after_backward`."""
@@ -258,6 +304,10 @@ class TrainModule(LifecycleHooks, nn.Module):
     def current_epoch(self) -> int:
         """The epoch being trained, from 0."""
         return self.trainer.state.epoch
+
+
+def _parameters_of(optimizer: Any) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 class HParams(dict):
