@@ -26,6 +26,8 @@ from typing import Iterator
 
 import pytest
 
+#: Fixtures that tests in several folders share (folder conftests hold those of one folder).
+pytest_plugins = ["support.training_fixtures"]
 #: A process whose environment has this variable may outlive the test that started it (the
 #: forkserver of tests/support/ranks.py, the resume suite's session-long references job).
 SESSION_PROCESS = "FITTRAIN_TEST_SESSION_PROCESS"

@@ -34,23 +34,23 @@ def test_launch_exports_strategy_and_passes_script_arguments_through(ddp_job: di
 
 
 def test_two_processes_with_batch_b_match_one_process_with_batch_2b(
-        ddp_job: dict[str, Any], references: dict[str, dict[str, torch.Tensor]]) -> None:
+        ddp_job: dict[str, Any], one_process_references: dict[str, dict[str, torch.Tensor]]) -> None:
     rank0, rank1 = (rank["ddp_runs"]["plain"] for rank in ddp_job["ranks"])
     assert rank0["model_type"] == "DistributedDataParallel"
     assert rank0["unwrapped_type"] == "Sequential"  # unwrap_model returns the user's module
     assert_state_equal(rank1["params"], rank0["params"])  # replicas agree exactly
-    assert_state_close(rank0["params"], references["plain"], atol=1e-6)
+    assert_state_close(rank0["params"], one_process_references["plain"], atol=1e-6)
 
 
 def test_accumulation_all_reduces_only_on_sync_steps(
-        ddp_job: dict[str, Any], references: dict[str, dict[str, torch.Tensor]]) -> None:
+        ddp_job: dict[str, Any], one_process_references: dict[str, dict[str, torch.Tensor]]) -> None:
     # 10 batches per rank and epoch with 4 accumulation steps: windows close on batches 3, 7 and
     # 9 (the loader's end), and the count restarts each epoch (batches 10-19).
     for rank in ddp_job["ranks"]:
         assert rank["ddp_runs"]["accumulate"]["allreduce_batches"] == [3, 7, 9, 13, 17, 19]
     rank0, rank1 = (rank["ddp_runs"]["accumulate"]["params"] for rank in ddp_job["ranks"])
     assert_state_equal(rank1, rank0)
-    assert_state_close(rank0, references["accumulate"], atol=1e-6)
+    assert_state_close(rank0, one_process_references["accumulate"], atol=1e-6)
 
 
 def test_without_accumulation_every_step_all_reduces(ddp_job: dict[str, Any]) -> None:

@@ -32,11 +32,11 @@ def test_prepare_rebinds_an_optimizer_prepared_in_a_later_call(fsdp_job: dict[st
 
 
 def test_fsdp_with_batch_b_matches_one_process_with_batch_2b(
-        fsdp_job: dict[str, Any], references: dict[str, dict[str, torch.Tensor]]) -> None:
+        fsdp_job: dict[str, Any], one_process_references: dict[str, dict[str, torch.Tensor]]) -> None:
     rank0, rank1 = (rank["fsdp_runs"] for rank in fsdp_job["ranks"])
     assert rank1["plain"]["params"] == {}  # the full state is gathered to the main process only
     for name in ("plain", "accumulate"):
-        assert_state_close(rank0[name]["params"], references[name], atol=1e-5)
+        assert_state_close(rank0[name]["params"], one_process_references[name], atol=1e-5)
 
 
 def test_fsdp_accumulation_reduces_gradients_only_on_sync_steps(fsdp_job: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""Writes two sharded FSDP2 checkpoints for tests/distributed/test_sharded_metadata.py to attack.
+"""Writes two sharded FSDP2 checkpoints for tests/checkpoint/test_sharded_metadata.py to attack.
 
 Run under torchrun: `sharded_metadata_worker.py --out DIR`. The model, optimizer and steps are
 sharded_worker.py's. Saves `DIR/project/checkpoints/checkpoint_0` after one step and

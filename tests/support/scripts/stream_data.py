@@ -1,4 +1,5 @@
-"""Streams for the stream tests (tests/streams/ on one process, stream_worker.py on two).
+"""Streams for the stream tests (tests/data/: test_streams.py and test_stream_trainer.py on one
+process, stream_worker.py on two).
 
 Sample i of every stream carries its index, so a test can tell exactly which samples a rank
 used. Each stream splits itself among DataLoader workers (sample i goes to worker i % W), as a
