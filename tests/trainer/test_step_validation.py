@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fittrain import Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer, EarlyStop, Logger
 from fittrain.checkpoint.run_folders import run_folder
+from fittrain.trainer.evaluation import check_fit_inputs
 from fittrain.trainer.parts import length_of
 
 
@@ -257,7 +258,7 @@ def test_length_of_treats_a_stream_as_having_no_length():
 
     assert length_of(Unknown()) is None
     # fit's input check does not call len() on a stream's loader.
-    Trainer._check_inputs(make_module(), DataLoader(Stream(), batch_size=2), None)
+    check_fit_inputs(make_module(), DataLoader(Stream(), batch_size=2), None)
 
 
 def test_an_epoch_without_any_batch_is_refused_instead_of_looping(tmp_path):
