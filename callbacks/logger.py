@@ -192,14 +192,22 @@ class Logger(Callback):
             return
         # Validation stores new float objects; anything else in the metrics is the same object as before.
         raw = trainer.state.raw_metrics
-        fresh = {name: value for name, value in raw.items() if self._before_validation.get(name) is not value}
+        fresh = {name: value for name, value in raw.items()
+                 if self._before_validation.get(name) is not value and name not in trainer.logged.hidden}
         self._written.update(fresh)
         scalars = {name: float(value) for name, value in fresh.items()}
         self._write(scalars, trainer.state.global_step, flush=True)  # a live TensorBoard then sees each validation
         self._progress.show({name: f"{value:.4g}" for name, value in scalars.items()})
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
-        """Closes this epoch's bar."""
+        """Writes the epoch's `self.log(on_epoch=True)` values and closes this epoch's bar."""
+        if self._active:
+            raw, hidden = trainer.state.raw_metrics, trainer.logged.hidden
+            raw.as_floats()  # converts pending tensors in place, so the identities kept below stay those written
+            epoch = {name: raw[name] for name in trainer.logged.epoch_names if name not in hidden}
+            self._written.update(epoch)  # not repeated at the next logging point
+            if epoch:
+                self._write({name: float(value) for name, value in epoch.items()}, trainer.state.global_step)
         self._progress.on_train_epoch_end(trainer)
 
     def on_fit_end(self, trainer: "Trainer") -> None:
@@ -260,8 +268,9 @@ class Logger(Callback):
         raw = trainer.state.raw_metrics
         # Validation metrics were written when validation ended (and a resumed run's restored ones by the run
         # before): repeating them every n steps would add stale points.
-        old = self._written
-        scalars = {name: value for name, value in metrics.items() if name not in old or raw[name] is not old[name]}
+        old, hidden = self._written, trainer.logged.hidden
+        scalars = {name: value for name, value in metrics.items()
+                   if (name not in old or raw[name] is not old[name]) and name not in hidden}
         scalars.update(self._learning_rates(trainer))
         scalars.update(self._throughput(trainer, step, now))
         self._write(scalars, step)

@@ -99,9 +99,20 @@ class Evaluation:
         self.batch: Any = None
         self.batch_idx = 0
         self.outputs: Any = None
+        self.running = False  # from the loop's start event to its end event (`loop`)
         self._fire = fire
         # One prepared loader per (loader, padding rule), so repeated calls don't pile up data positions.
         self._loaders: dict[tuple[int, bool], Any] = {}
+
+    @contextlib.contextmanager
+    def loop(self) -> Iterator[None]:
+        """Marks an evaluation loop running, its start and end events included (`self.log` there is
+        epoch-level: fittrain/trainer/logged.py)."""
+        self.running = True
+        try:
+            yield
+        finally:
+            self.running = False
 
     def prepare_loader(self, loader: Any, even_batches: bool = False) -> Any:
         """The prepared evaluation loader, built once per loader and padding rule."""

@@ -116,17 +116,46 @@ class TrainModule(LifecycleHooks, nn.Module):
             "an (optimizer, scheduler) pair, or {'optimizer': ..., 'lr_scheduler': ...}."
         )
 
-    def log(self, name: str, value: Any) -> None:
-        """Records a metric. Tensors are kept as they are and read only when something asks.
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: Any = "mean", enable_graph: bool = False,
+            sync_dist: bool = False, sync_dist_group: Any = None, add_dataloader_idx: bool = True,
+            batch_size: int | None = None, metric_attribute: str | None = None, rank_zero_only: bool = False) -> None:
+        """Records a metric, with Lightning's options and defaults (fittrain/trainer/logged.py).
 
-        During validation, values are averaged over the validation set like returned ones.
+        In a training batch it is a step value (`on_step=True`); with `on_epoch=True` also reduced
+        over the epoch (`reduce_fx`, weighted by `batch_size`, by default the batch's). In
+        validation_step and test_step it is averaged over every sample of the loop. `sync_dist`
+        reduces across processes, `prog_bar` shows it on the progress bar, `logger=False` keeps it
+        from the trackers; `add_dataloader_idx` changes nothing (a loop has one loader). Tensors are
+        kept as they are and read only when something asks.
+
+        Raises:
+            RuntimeError: outside a running Trainer.
+            ValueError: for an option fittrain does not support (`enable_graph`, `sync_dist_group`,
+                `metric_attribute`, `rank_zero_only`, each named with the fittrain way) or one the
+                place of the call cannot honour.
         """
         trainer = self.__dict__.get("_trainer")
         if trainer is None:
             raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
                                "from training_step, validation_step or test_step while the Trainer runs the module "
                                "(fit, validate, test or predict).")
-        trainer.record(name, value)
+        unsupported = {"enable_graph=True": (enable_graph, "logged values are detached; log loss.detach()"),
+                       "sync_dist_group": (sync_dist_group is not None, "sync_dist reduces over every process"),
+                       "metric_attribute": (metric_attribute is not None, "log metric.compute() as a number"),
+                       "rank_zero_only=True": (rank_zero_only, "call self.log on every process")}
+        for option, (given, fix) in unsupported.items():
+            if given:
+                raise ValueError(f"{type(self).__name__}.log({name!r}, ..., {option}...): fittrain does not support "
+                                 f"this option of Lightning's; {fix}.")
+        trainer.record(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
+                       reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size)
+
+    def log_dict(self, dictionary: dict[str, Any], **options: Any) -> None:
+        """`self.log(name, value, **options)` for each item (Lightning's `log_dict`); with `sync_dist`,
+        the values of a batch are reduced across processes together, in one collective."""
+        for name, value in dictionary.items():
+            self.log(name, value, **options)
 
     def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str = ()) -> None:
         """Records the arguments of the `__init__` that calls it in `self.hparams` (Lightning's name):

@@ -259,19 +259,21 @@ class ValidationAverager:
         self._weight = 1
         self._logged: set[str] = set()  # names the current batch's step recorded with self.log
 
-    def log(self, name: str, value: Any) -> None:
-        """Adds a value the step recorded with `self.log`; it wins over a returned value of the same name."""
+    def log(self, name: str, value: Any, batch_size: int | None = None) -> None:
+        """Adds a value the step recorded with `self.log` (weighted by `batch_size` when given); it wins
+        over a returned value of the same name."""
         self._logged.add(name)
-        self.add(name, value)
+        self.add(name, value, batch_size)
 
-    def add(self, name: str, value: Any) -> None:
-        """Adds one batch's value of `name`, weighted by that batch's size."""
+    def add(self, name: str, value: Any, weight: float | None = None) -> None:
+        """Adds one batch's value of `name`, weighted by that batch's size (or `weight`)."""
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(f"Validation metric {name!r} must be a scalar. Received shape {tuple(value.shape)}.")
             value = value.detach().float().reshape(()).to(self.device)
-        self.sums[name] = self.sums.get(name, 0.0) + value * self._weight
-        self.counts[name] = self.counts.get(name, 0.0) + self._weight
+        weight = self._weight if weight is None else weight
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.counts[name] = self.counts.get(name, 0.0) + weight
 
     def start_batch(self, batch: Any) -> None:
         """Weights what the next step returns and logs by `batch`'s size; call it before the step,

@@ -9,6 +9,7 @@ metrics), so that a fit without a Logger still says what it did.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tqdm.auto import tqdm
@@ -20,6 +21,9 @@ from fittrain.trainer.runs import describe_run
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
+
+#: Seconds between two readings of the prog_bar values while an epoch runs.
+SHOW_EVERY_S = 0.5
 
 
 class ProgressBar(Callback):
@@ -47,6 +51,7 @@ class ProgressBar(Callback):
         self._bar = tqdm(disable=True)
         self._val_bar = tqdm(disable=True)
         self._postfix: dict[str, str] = {}
+        self._shown_at = 0.0  # time.monotonic() of the last show_logged
 
     def run_request(self) -> RunRequest:
         """It draws the fit's progress: the Trainer adds no default bar."""
@@ -72,8 +77,19 @@ class ProgressBar(Callback):
                          dynamic_ncols=True, disable=not self._show)
 
     def on_train_batch_end(self, trainer: "Trainer") -> None:
-        """Advances the epoch's bar."""
+        """Advances the epoch's bar; at most every half second, shows the values logged with prog_bar=True."""
         self._bar.update()
+        if trainer.logged.prog_bar and self._show:
+            now = time.monotonic()
+            if now - self._shown_at >= SHOW_EVERY_S:  # reading a device value syncs: not every step
+                self._shown_at = now
+                self.show_logged(trainer)
+
+    def show_logged(self, trainer: "Trainer") -> None:
+        """Shows the current values of the metrics logged with `prog_bar=True`."""
+        metrics = trainer.state.raw_metrics
+        self.show({name: f"{float(metrics[name]):.4g}" for name in sorted(trainer.logged.prog_bar) if name in metrics},
+                  refresh=False)
 
     def on_validation_start(self, trainer: "Trainer") -> None:
         """Starts the validation bar, which disappears when validation ends."""
@@ -90,9 +106,13 @@ class ProgressBar(Callback):
     def on_validation_end(self, trainer: "Trainer") -> None:
         """Closes the validation bar."""
         self._val_bar.close()
+        if trainer.logged.prog_bar and self._show:
+            self.show_logged(trainer)
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
-        """Closes this epoch's bar."""
+        """Shows the epoch's values logged with prog_bar=True and closes this epoch's bar."""
+        if trainer.logged.prog_bar and self._show:
+            self.show_logged(trainer)
         self._bar.close()
 
     def on_fit_end(self, trainer: "Trainer") -> None:

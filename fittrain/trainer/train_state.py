@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fittrain.trainer.logged import Running
 from fittrain.trainer.parts import LazyMetrics
 
 
@@ -22,6 +23,7 @@ class TrainState:
         batch_idx: Index of the current batch within the epoch.
         loss: The last training loss, detached (a tensor; no device sync until read).
         metrics: The latest value of each metric, as floats (converted when read).
+        epoch_logs: The running reductions of `self.log(..., on_epoch=True)` over this epoch's batches.
         should_stop: Set by a callback (such as EarlyStop) to end training after this epoch; set
             during a mid-epoch validation (`val_every_n_steps`), it ends training after this batch.
     """
@@ -32,6 +34,8 @@ class TrainState:
     loss: torch.Tensor | None = None
     should_stop: bool = False
     raw_metrics: LazyMetrics = dataclasses.field(default_factory=LazyMetrics)
+    # self.log(on_epoch=True) values reduced over this epoch's batches so far (fittrain/trainer/logged.py).
+    epoch_logs: dict[str, Running] = dataclasses.field(default_factory=dict)
     _warned_loss: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     @property
@@ -60,10 +64,15 @@ class TrainState:
     def state_dict(self) -> dict[str, Any]:
         """The JSON-safe part of the state, for checkpoints."""
         return {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
-                "should_stop": self.should_stop, "metrics": self.metrics}
+                "should_stop": self.should_stop, "metrics": self.metrics,
+                # float64 values and weights: exact, so a resumed epoch ends with the same reductions
+                "epoch_logs": {name: [r.reduce_fx, r.sync, float(r.value), r.weight]
+                               for name, r in self.epoch_logs.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what `state_dict` returned."""
         self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
         self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
         self.raw_metrics = LazyMetrics(state["metrics"])
+        self.epoch_logs = {name: Running(fx, bool(sync), torch.tensor(value, dtype=torch.float64), float(weight))
+                           for name, (fx, sync, value, weight) in state.get("epoch_logs", {}).items()}

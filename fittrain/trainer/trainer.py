@@ -12,7 +12,6 @@ import os
 import pathlib
 from typing import Any, Iterator, Sequence
 
-import torch
 from torch import nn
 
 from fittrain.accelerator.accelerator import Accelerator
@@ -33,6 +32,7 @@ from fittrain.trainer.evaluation import (
     pick_test_method,
 )
 from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
+from fittrain.trainer.logged import MetricLog
 from fittrain.trainer.manual import ManualOptimization
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.module_hooks import bind_module_hooks
@@ -141,6 +141,7 @@ class Trainer:
         self.train_loader: Any = None
         self.val_loader: Any = None
         self.batch: Any = None  # the training batch of state.batch_idx (the module's batch hooks receive it)
+        self.logged = MetricLog(self)  # what self.log asked beyond the values: fittrain/trainer/logged.py
         self.data = DataStages(accelerator)  # the loaders of each call: given, or a DataModule's
         self.evaluation = Evaluation(accelerator, self._fire)  # the validation, test and predict loops
         # Set by a Checkpointer that monitors a metric (save_top_k): the best checkpoint so far.
@@ -188,7 +189,7 @@ class Trainer:
                                                          (val_loader, val_dataloaders), datamodule)
         check_fit_inputs(module, train_loader, val_loader)
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
-        self.module, self.state = module, TrainState()
+        self.module, self.state, self.logged = module, TrainState(), MetricLog(self)
         module.attach(self)
         self.events.use_module_hooks(hooks)
         fire, state = self._fire, self.state
@@ -203,6 +204,7 @@ class Trainer:
                     for batch in self._epoch_batches():  # a resumed epoch skips what its checkpoint consumed
                         fire(Event.TRAIN_BATCH_START)
                         stepped = self.optimization.train_batch(batch)
+                        self.logged.end_batch()  # sync_dist step values: one collective for all of them
                         # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
                         # and a resume from it continues with the next batch instead of validating again.
                         stop = stepped and self._validation_due(state.global_step) and self._validate_mid_epoch()
@@ -216,6 +218,7 @@ class Trainer:
                         self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
                     self.lr_schedule.after_epoch(state.epoch)
                     state.check_loss()
+                    self.logged.end_epoch()  # self.log(on_epoch=True) values, reduced over the epoch
                     fire(Event.TRAIN_EPOCH_END)
                     state.epoch += 1
                     state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
@@ -237,6 +240,7 @@ class Trainer:
         index = -1
         for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
             self.state.batch_idx, self.batch = index, batch
+            self.logged.start_batch()
             yield batch
         if index < 0 and start == 0:
             raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
@@ -291,11 +295,12 @@ class Trainer:
 
     def _validate(self, loader: Any) -> dict[str, float]:
         """Validates on a prepared loader: the loop of `validate` and of validation during fit."""
-        self._fire(Event.VALIDATION_START)
-        results = self.evaluation.average(self._runner, loader, "validation_step",
-                                          (Event.VALIDATION_BATCH_START, Event.VALIDATION_BATCH_END))
-        self.state.raw_metrics.update(results)
-        self._fire(Event.VALIDATION_END)
+        with self.evaluation.loop():
+            self._fire(Event.VALIDATION_START)
+            results = self.evaluation.average(self._runner, loader, "validation_step",
+                                              (Event.VALIDATION_BATCH_START, Event.VALIDATION_BATCH_END))
+            self.state.raw_metrics.update(results)
+            self._fire(Event.VALIDATION_END)
         return results
 
     def test(self, module: TrainModule, loader: Any = None, *, dataloaders: Any = None,
@@ -320,11 +325,12 @@ class Trainer:
             method = pick_test_method(module)
             self._use_module(module)
             loader = self.evaluation.prepare_loader(loader)
-            self._fire(Event.TEST_START)
-            results = as_test_metrics(self.evaluation.average(self._runner, loader, method,
-                                                               (Event.TEST_BATCH_START, Event.TEST_BATCH_END)))
-            self.state.raw_metrics.update(results)
-            self._fire(Event.TEST_END)
+            with self.evaluation.loop():
+                self._fire(Event.TEST_START)
+                results = as_test_metrics(self.evaluation.average(self._runner, loader, method,
+                                                                   (Event.TEST_BATCH_START, Event.TEST_BATCH_END)))
+                self.state.raw_metrics.update(results)
+                self._fire(Event.TEST_END)
             return results
         finally:
             self.data.end("test")
@@ -353,21 +359,19 @@ class Trainer:
             check_predictable(module)
             self._use_module(module)
             loader = self.evaluation.prepare_loader(loader, even_batches=True)
-            self._fire(Event.PREDICT_START)
-            outputs = self.evaluation.predict(self._runner, loader)
-            self._fire(Event.PREDICT_END)
+            with self.evaluation.loop():
+                self._fire(Event.PREDICT_START)
+                outputs = self.evaluation.predict(self._runner, loader)
+                self._fire(Event.PREDICT_END)
         finally:
             self.data.end("predict")
         # Every process gathered the whole result (all_gather); only the main one keeps it by default.
         return outputs if (all_processes or self.accelerator.is_main_process) else None
 
-    def record(self, name: str, value: Any) -> None:
-        """Records a metric (used by `TrainModule.log` and callbacks); validation values are averaged."""
-        averager = self.evaluation.averager
-        if averager is not None:
-            averager.log(name, value)
-        else:
-            self.state.raw_metrics[name] = value.detach() if isinstance(value, torch.Tensor) else value
+    def record(self, name: str, value: Any, **options: Any) -> None:
+        """Records a metric with `self.log`'s options (used by `TrainModule.log` and callbacks): a step
+        value in a training batch, a mean over the loop in evaluation (fittrain/trainer/logged.py)."""
+        self.logged.log(name, value, **options)
 
     def _use_module(self, module: TrainModule) -> None:
         """Attaches and prepares `module` for evaluation, unless it is the module the Trainer runs (after fit)."""

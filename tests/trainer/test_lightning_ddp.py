@@ -25,6 +25,11 @@ def test_a_lightning_style_fit_runs_alike_on_both_ranks(tmp_path, strategy):
         assert rank["epochs_ended"] == 2
         assert rank["metrics"]["epochs_so_far"] == 2.0  # logged in on_validation_epoch_end
     assert ranks[0]["metrics"]["val_loss"] == ranks[1]["metrics"]["val_loss"]
+    # self.log(sync_dist=True): step values, epoch values and epoch-hook values reduced across the ranks.
+    for rank, facts in enumerate(ranks):
+        metrics = facts["metrics"]
+        assert (metrics["rank_step"], metrics["rank_step_too"], metrics["rank_epoch"]) == (0.5, 1.0, 0.5)
+        assert metrics["rank_max"] == 1.0 and metrics["rank_local"] == rank
     for key, value in ranks[0]["weights"].items():
         if key in ranks[1]["weights"]:
             assert torch.equal(value, ranks[1]["weights"][key]), f"the ranks' weights differ at {key}"

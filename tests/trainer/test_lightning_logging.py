@@ -69,3 +69,143 @@ def test_a_test_steps_scalar_return_alone_is_test_loss(tmp_path):
     module, loader = Returns(), make_loader()
     assert Trainer(project_dir=tmp_path).test(module, loader) == pytest.approx(
         {"test_loss": mean_error(module.net, loader)}, rel=1e-5)
+
+
+# ----------------------------------------------------------------- self.log's options (fittrain/trainer/logged.py)
+class Logs(TrainModule):
+    """Logs `value(x)` per training batch with `options`; x holds 10 samples in batches of 4, 4, 2."""
+
+    def __init__(self, **options) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+        self.options = options
+        self.seen: list[tuple[float, int]] = []  # (batch value, batch size)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        value = x[:, 0].mean()
+        self.seen.append((float(value), len(x)))
+        self.log("a", value, **self.options)
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(tmp_path, module, epochs=1, **trainer_options):
+    trainer = Trainer(max_epochs=epochs, project_dir=tmp_path, enable_progress_bar=False, **trainer_options)
+    trainer.fit(module, make_loader())
+    return trainer
+
+
+def test_a_training_value_is_a_step_value_by_default(tmp_path):
+    module = Logs()
+    trainer = _fit(tmp_path, module)
+    assert trainer.state.metrics["a"] == pytest.approx(module.seen[-1][0])
+    assert "a_step" not in trainer.state.metrics and "a_epoch" not in trainer.state.metrics
+
+
+@pytest.mark.parametrize("reduce_fx", ["mean", "sum", "max", "min", torch.mean])
+def test_on_epoch_reduces_over_the_epochs_batches_weighting_the_mean_by_batch_size(tmp_path, reduce_fx):
+    module = Logs(on_step=False, on_epoch=True, reduce_fx=reduce_fx)
+    metrics = _fit(tmp_path, module).state.metrics
+    values, sizes = torch.tensor([v for v, _ in module.seen]), torch.tensor([n for _, n in module.seen])
+    name = reduce_fx if isinstance(reduce_fx, str) else "mean"
+    expected = {"mean": float((values * sizes).sum() / sizes.sum()), "sum": float(values.sum()),
+                "max": float(values.max()), "min": float(values.min())}[name]
+    assert metrics["a"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_both_give_step_and_epoch_names_and_the_trackers_get_only_those(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fittrain.callbacks import Logger
+
+    module = Logs(on_step=True, on_epoch=True)
+    trainer = Trainer(max_epochs=2, project_dir=tmp_path, callbacks=[Logger(every_n_steps=1)], run_name="r")
+    trainer.fit(module, make_loader())
+    metrics = trainer.state.metrics
+    last_epoch = module.seen[3:]
+    mean = sum(v * n for v, n in last_epoch) / sum(n for _, n in last_epoch)
+    assert metrics["a_step"] == pytest.approx(last_epoch[-1][0])
+    assert metrics["a_epoch"] == pytest.approx(mean) and metrics["a"] == metrics["a_epoch"]
+    events = EventAccumulator(str(tmp_path / "logs" / "r"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "a_step" in tags and "a_epoch" in tags and "a" not in tags
+    assert [e.step for e in events.Scalars("a_epoch")] == [3, 6]  # once per epoch, at its last step
+    assert events.Scalars("a_epoch")[-1].value == pytest.approx(mean)
+
+
+def test_logger_false_keeps_a_value_from_the_trackers_but_not_from_callbacks(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fittrain.callbacks import Logger
+
+    trainer = Trainer(project_dir=tmp_path, callbacks=[Logger(every_n_steps=1)], run_name="r")
+    trainer.fit(Logs(logger=False), make_loader())
+    events = EventAccumulator(str(tmp_path / "logs" / "r"))
+    events.Reload()
+    assert "a" in trainer.state.metrics and "a" not in events.Tags()["scalars"]
+    assert "train_loss" in events.Tags()["scalars"]
+
+
+def test_prog_bar_shows_the_value_on_the_bar(tmp_path, capsys):
+    Trainer(project_dir=tmp_path, run_name="r").fit(Logs(prog_bar=True), make_loader())
+    assert "a=" in capsys.readouterr().err
+
+
+def test_an_interrupted_epoch_ends_with_the_same_epoch_value(tmp_path):
+    from fittrain.callbacks import Checkpointer
+
+    whole = _fit(tmp_path / "whole", Logs(on_epoch=True), epochs=2).state.raw_metrics["a_epoch"]
+    Trainer(max_steps=4, project_dir=tmp_path / "cut", enable_progress_bar=False,
+            callbacks=[Checkpointer(every_n_steps=1)]).fit(Logs(on_epoch=True), make_loader())
+    resumed = Trainer(max_epochs=2, project_dir=tmp_path / "cut", resume_from="latest", enable_progress_bar=False,
+                      callbacks=[Checkpointer(every_n_steps=1)])
+    resumed.fit(Logs(on_epoch=True), make_loader())  # resumes after the first batch of epoch 2
+    assert torch.equal(resumed.state.raw_metrics["a_epoch"], whole)
+
+
+@pytest.mark.parametrize("where, options, message", [
+    ("validation_step", {"on_step": True}, r"in validation_step and test_step, fittrain records the mean"),
+    ("validation_step", {"reduce_fx": "max"}, r"in validation_step and test_step, fittrain records the mean"),
+    ("on_train_epoch_end", {"on_step": True}, r"outside a training batch .* there is no step to log at"),
+    ("training_step", {"on_step": False}, r"on_step=False and on_epoch=False record nothing"),
+    ("training_step", {"reduce_fx": "median"}, r"reduce_fx=\.\.\.\) must be one of mean, sum, max, min.*'median'"),
+    ("training_step", {"enable_graph": True}, r"enable_graph=True\.\.\.\): fittrain does not support this option"),
+    ("training_step", {"rank_zero_only": True}, r"rank_zero_only=True\.\.\.\): fittrain does not support"),
+])
+def test_options_a_place_cannot_honour_are_refused_naming_them(tmp_path, where, options, message):
+    def call(self, *args):
+        self.log("b", 1.0, **options)
+        if where == "training_step":
+            return LogsAndReturns.training_step(self, *args)
+        if where == "validation_step":
+            return LogsAndReturns.validation_step(self, *args)
+
+    module = type("Refused", (LogsAndReturns,), {where: call})()
+    loader = make_loader()
+    with pytest.raises(ValueError, match=message):
+        Trainer(max_epochs=1, project_dir=tmp_path, enable_progress_bar=False).fit(module, loader, loader)
+
+
+def test_log_dict_logs_each_item_with_the_options(tmp_path):
+    class Dict(Logs):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log_dict({"c": 1.0, "d": torch.tensor(2.0)}, on_epoch=True, on_step=False)
+            return loss
+
+    metrics = _fit(tmp_path, Dict()).state.metrics
+    assert (metrics["c"], metrics["d"]) == (1.0, 2.0)
+
+
+def test_an_evaluation_value_is_weighted_by_the_given_batch_size(tmp_path):
+    class Weighted(LogsAndReturns):
+        def validation_step(self, batch, batch_idx):
+            self.log("w", float(batch_idx), batch_size=1 if batch_idx == 0 else 3)
+
+    trainer = Trainer(project_dir=tmp_path, enable_progress_bar=False)
+    trainer.fit(Weighted(), make_loader(), make_loader())
+    assert trainer.state.metrics["w"] == pytest.approx((0 * 1 + 1 * 3 + 2 * 3) / 7)

@@ -51,6 +51,10 @@ class Net(TrainModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.indices.append(batch_idx)
+        rank = float(self.trainer.accelerator.process_index)
+        self.log_dict({"rank_step": rank, "rank_step_too": 2 * rank}, sync_dist=True)  # one collective for both
+        self.log("rank_epoch", rank, on_step=False, on_epoch=True, sync_dist=True)
+        self.log("rank_local", rank)
         x, y = batch
         return nn.functional.mse_loss(self(x), y)
 
@@ -60,6 +64,7 @@ class Net(TrainModule):
 
     def on_train_epoch_end(self) -> None:
         self.epochs_ended += 1
+        self.log("rank_max", float(self.trainer.accelerator.process_index), sync_dist=True, reduce_fx="max")
 
     def on_validation_epoch_end(self) -> None:
         self.log("epochs_so_far", float(self.current_epoch + 1))

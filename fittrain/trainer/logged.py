@@ -1,0 +1,266 @@
+"""`self.log` with Lightning's options: where a logged value goes, and how it is reduced over the
+batches of an epoch and over processes.
+
+Where `self.log(name, value, ...)` is called decides its defaults, as in Lightning:
+
+- **in a training batch** (`training_step`, the batch hooks, backward hooks): `on_step=True`,
+  `on_epoch=False`. A step value is `trainer.state.metrics[name]` at once. With `on_epoch=True` it
+  is also reduced over the epoch's batches (`reduce_fx`: "mean" weighted by batch size, "sum",
+  "max", "min") and recorded when the epoch's batches and validation are done, just before
+  `on_train_epoch_end`. Both: the names are `name_step` and `name_epoch`, and `name` holds the
+  latest of the two. The running reductions are saved in checkpoints, so a resumed epoch ends
+  with the same value.
+- **in an evaluation loop** (`validation_step`, `test_step`, their batch hooks): the value's mean
+  over every sample of the loop, on every process (fittrain/trainer/evaluation.py); `on_step=True`
+  or another `reduce_fx` is refused there.
+- **elsewhere** (`on_train_epoch_end`, `on_validation_epoch_end`, `on_fit_start`, ...): the value
+  itself; `on_step=True` is refused.
+
+`sync_dist=True` reduces across processes with `reduce_fx` ("mean" by default): epoch values once
+per epoch, all of them in one collective per reduction; step values once per batch, all of them
+together, right after the batch's optimization and before `on_train_batch_end` (a step value
+logged later in that batch is reduced with the next batch's); values logged elsewhere at once.
+Every process must log the same names with `sync_dist=True`, as in Lightning. Evaluation
+metrics are always reduced across processes, once per loop.
+
+`prog_bar=True` shows the value on the progress bar; `logger=False` keeps it out of the Logger's
+trackers (it still is in `trainer.state.metrics`, for callbacks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from fittrain.common.reprs import short_repr
+from fittrain.data import batch_size_of
+from fittrain.distributed import collectives
+
+if TYPE_CHECKING:
+    from fittrain.trainer.trainer import Trainer
+
+#: reduce_fx names, and the torch functions Lightning programs pass instead.
+REDUCTIONS = ("mean", "sum", "max", "min")
+_FUNCTIONS: dict[Callable[..., Any], str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max",
+                                              torch.min: "min"}
+
+
+@dataclasses.dataclass
+class Running:
+    """One metric's reduction over the epoch's batches so far (float64, so a checkpoint holds it exactly)."""
+
+    reduce_fx: str
+    sync: bool
+    value: torch.Tensor  # the weighted sum ("mean", "sum"), or the extreme ("max", "min")
+    weight: float = 0.0  # the summed batch sizes ("mean")
+
+    def add(self, value: torch.Tensor, weight: float) -> None:
+        if self.reduce_fx == "mean":
+            self.value = self.value + value * weight
+            self.weight += weight
+        elif self.reduce_fx == "sum":
+            self.value = self.value + value
+        elif self.reduce_fx == "max":
+            self.value = torch.maximum(self.value, value)
+        else:
+            self.value = torch.minimum(self.value, value)
+
+    def result(self) -> torch.Tensor:
+        return self.value / self.weight if self.reduce_fx == "mean" else self.value
+
+
+def check_reduce_fx(reduce_fx: Any) -> str:
+    """`reduce_fx` as one of `REDUCTIONS` (a torch function such as torch.mean is accepted too).
+
+    Raises:
+        ValueError: for anything else.
+    """
+    name = _FUNCTIONS.get(reduce_fx, reduce_fx) if callable(reduce_fx) else reduce_fx
+    if name not in REDUCTIONS:
+        raise ValueError(f"self.log(reduce_fx=...) must be one of {', '.join(REDUCTIONS)} (or torch.mean, torch.sum, "
+                         f"torch.max, torch.min). Received: reduce_fx={short_repr(reduce_fx)}.")
+    return name
+
+
+class MetricLog:
+    """What `self.log` recorded in the current fit beyond the values themselves: the epoch's running
+    reductions, the step values waiting to be reduced across processes, and the names to show on
+    the progress bar or keep from the trackers. The Trainer owns one and resets it at each fit.
+
+    Args:
+        trainer: The Trainer, whose state, evaluation and accelerator it reads.
+    """
+
+    def __init__(self, trainer: "Trainer") -> None:
+        self.trainer = trainer
+        self.prog_bar: set[str] = set()  # names the progress bar shows
+        self.hidden: set[str] = set()  # names the Logger's trackers never get
+        self.epoch_names: list[str] = []  # what the last end_epoch recorded (the Logger writes them then)
+        self._pending: dict[str, str] = {}  # step values to reduce across processes after the batch: name -> fx
+        self._in_batch = False
+
+    # ----------------------------------------------------------------- the loop's calls
+    def start_batch(self) -> None:
+        """A training batch starts: step values logged with sync_dist wait for `end_batch`."""
+        self._in_batch = True
+
+    def end_batch(self) -> None:
+        """Reduces the batch's sync_dist step values across processes: one collective per reduction."""
+        self._in_batch = False
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            self._reduce_into_metrics(pending)
+
+    def end_epoch(self) -> None:
+        """Records the epoch's running reductions (`name` or `name_epoch`), reduced across processes
+        where asked, and starts the next epoch's. With several processes one small gather runs here
+        every epoch, so that no process skips a reduction another one makes."""
+        self.trainer.batch = None  # after the epoch's batches, self.log is epoch-level (`elsewhere`)
+        self.end_batch()
+        state, acc = self.trainer.state, self.trainer.accelerator
+        running, state.epoch_logs = state.epoch_logs, {}
+        values = {name: r.result() for name, r in running.items()}
+        if acc.num_processes > 1:
+            mine = [(name, r.reduce_fx) for name, r in running.items() if r.sync]
+            gathered = collectives.gather_object(mine, acc.state)
+            wanted = dict(sorted({tuple(item) for items in gathered for item in items}))
+            for name, fx in wanted.items():  # a name another process logged and this one did not adds nothing
+                if name not in running:
+                    running[name] = Running(fx, True, _identity(fx, acc.device))
+                    values[name] = running[name].value
+            self._reduce(values, wanted, running)
+        self.epoch_names = []
+        for name, value in values.items():
+            self._record_epoch_value(name, value)
+
+    # ----------------------------------------------------------------- self.log
+    def log(self, name: str, value: Any, *, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: Any = "mean", sync_dist: bool = False,
+            batch_size: int | None = None) -> None:
+        """Records `value` under `name` as the module docstring says.
+
+        Raises:
+            ValueError: for an option the place of the call cannot honour, or a value that is not a scalar.
+        """
+        fx = check_reduce_fx(reduce_fx)
+        value = _scalar(name, value)
+        trainer = self.trainer
+        averager = trainer.evaluation.averager
+        if averager is not None:
+            _refuse(name, on_step is True or on_epoch is False or fx != "mean",
+                    "in validation_step and test_step, fittrain records the mean of each value over every sample of "
+                    "the loop (Lightning's defaults there): leave on_step, on_epoch and reduce_fx at their defaults")
+            self._flags(name, prog_bar, logger)
+            averager.log(name, value, batch_size)
+            return
+        if trainer.batch is None or trainer.evaluation.running:  # not in a training batch: recorded as it is
+            _refuse(name, on_step is True, "outside a training batch (an epoch hook) there is no step to log at: "
+                                           "leave on_step at its default")
+            if sync_dist:
+                value = trainer.accelerator.reduce(value.detach(), reduction=fx)
+            self._flags(name, prog_bar, logger)
+            trainer.state.raw_metrics[name] = value.detach()
+            return
+        step = True if on_step is None else bool(on_step)
+        epoch = bool(on_epoch)
+        _refuse(name, not (step or epoch), "on_step=False and on_epoch=False record nothing: set one of them")
+        step_name, epoch_name = (f"{name}_step", f"{name}_epoch") if step and epoch else (name, name)
+        if step and epoch:
+            self.hidden.add(name)  # the trackers get name_step and name_epoch, as Lightning's loggers do
+        if step:
+            self._flags(step_name, prog_bar, logger)
+            self._record_step_value(step_name, value.detach(), fx if sync_dist else None)
+        if epoch:
+            self._flags(epoch_name, prog_bar, logger)
+            weight = float(batch_size if batch_size is not None else (batch_size_of(trainer.batch) or 1))
+            self._accumulate(epoch_name, value.detach(), fx, sync_dist, weight)
+
+    # ----------------------------------------------------------------- helpers
+    def _flags(self, name: str, prog_bar: bool, logger: bool) -> None:
+        if prog_bar:
+            self.prog_bar.add(name)
+        if not logger:
+            self.hidden.add(name)
+
+    def _record_step_value(self, name: str, value: torch.Tensor, sync_fx: str | None) -> None:
+        metrics = self.trainer.state.raw_metrics
+        metrics[name] = value
+        if name.endswith("_step"):
+            metrics[name[:-len("_step")]] = value
+        if sync_fx is not None:
+            if self._in_batch:
+                self._pending[name] = sync_fx
+            else:  # after the batch's reduction (on_train_batch_end): reduced now
+                self._reduce_into_metrics({name: sync_fx})
+
+    def _accumulate(self, name: str, value: torch.Tensor, fx: str, sync: bool, weight: float) -> None:
+        logs = self.trainer.state.epoch_logs
+        running = logs.get(name)
+        if running is None:
+            start = value.new_zeros((), dtype=torch.float64) if fx in ("mean", "sum") else value.double()
+            running = logs[name] = Running(fx, sync, start)
+            if fx in ("max", "min"):
+                return
+        elif running.reduce_fx != fx or running.sync != sync:
+            raise ValueError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r}, sync_dist={sync} after "
+                             f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync} in the same epoch. Pass the "
+                             "same options at every call.")
+        running.add(value.double(), weight)
+
+    def _record_epoch_value(self, name: str, value: torch.Tensor) -> None:
+        metrics = self.trainer.state.raw_metrics
+        metrics[name] = value.float()
+        self.epoch_names.append(name)
+        if name.endswith("_epoch"):
+            metrics[name[:-len("_epoch")]] = metrics[name]
+
+    def _reduce_into_metrics(self, names: dict[str, str]) -> None:
+        metrics = self.trainer.state.raw_metrics
+        values = {name: metrics[name] for name in names}
+        self._reduce(values, names, None)
+        for name, value in values.items():
+            self._record_step_value(name, value, None)
+
+    def _reduce(self, values: dict[str, torch.Tensor], names: dict[str, str],
+                running: dict[str, Running] | None) -> None:
+        """Reduces `values[name]` across processes with `names[name]`, one collective per reduction; a
+        running mean is reduced as its weighted sum and weight, so unequal batches weigh right."""
+        acc = self.trainer.accelerator
+        for fx in REDUCTIONS:
+            group = sorted(name for name, f in names.items() if f == fx)
+            if not group:
+                continue
+            if fx == "mean" and running is not None:
+                packed = torch.tensor([[float(running[n].value), running[n].weight] for n in group],
+                                      dtype=torch.float64, device=acc.device)
+                total = acc.reduce(packed, reduction="sum")
+                for i, name in enumerate(group):
+                    values[name] = total[i, 0] / total[i, 1]
+                continue
+            packed = torch.stack([values[n].double().reshape(()).to(acc.device) for n in group])
+            reduced = acc.reduce(packed, reduction=fx)
+            for i, name in enumerate(group):
+                values[name] = reduced[i]
+
+
+def _identity(fx: str, device: torch.device) -> torch.Tensor:
+    """What a process without a value contributes to a reduction: nothing."""
+    fill = {"max": float("-inf"), "min": float("inf")}.get(fx, 0.0)
+    return torch.tensor(fill, dtype=torch.float64, device=device)
+
+
+def _scalar(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value))
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.reshape(())
+    raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "
+                     f"{short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). Log a "
+                     "scalar such as loss or acc.mean(); for a torchmetrics Metric, log metric.compute().")
+
+
+def _refuse(name: str, condition: bool, why: str) -> None:
+    if condition:
+        raise ValueError(f"self.log({name!r}, ...): {why}.")
