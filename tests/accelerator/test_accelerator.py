@@ -18,11 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, DistributedType, ProjectConfiguration, Trainer
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+from support.models import mlp
 
 
 def linear_dtypes(model: nn.Module) -> list[torch.dtype]:
@@ -96,9 +92,9 @@ def test_bad_constructor_arguments_name_the_argument_and_value_and_write_nothing
 
 # ------------------------------------------------------------------ unwrap_model
 def test_unwrap_model_keeps_or_removes_the_fp32_wrapper():
-    reference = make_model()
+    reference = mlp()
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
-    model = accelerator.prepare(make_model())
+    model = accelerator.prepare(mlp())
     x = torch.randn(3, 4)
 
     kept = accelerator.unwrap_model(model)  # keep_fp32_wrapper=True is the default, as in Accelerate
@@ -118,7 +114,7 @@ def test_unwrap_model_keeps_or_removes_the_fp32_wrapper():
 
 def test_unwrap_model_of_a_plain_model_is_the_model():
     accelerator = Accelerator(cpu=True)
-    model = make_model()
+    model = mlp()
     assert accelerator.unwrap_model(accelerator.prepare(model)) is model
     assert accelerator.unwrap_model(model, keep_fp32_wrapper=False) is model
 
@@ -151,7 +147,7 @@ def test_save_model_shards_past_max_shard_size(tmp_path):
 
 def test_save_model_in_one_file_under_the_limit(tmp_path):
     accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(make_model())
+    model = accelerator.prepare(mlp())
     accelerator.save_model(model, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["model.safetensors"]
     loaded = load_file(tmp_path / "model.safetensors")
@@ -167,7 +163,7 @@ def test_save_writes_on_the_main_process_only(tmp_path):
     assert torch.equal(load_file(tmp_path / "main.safetensors")["w"], obj["w"])
 
     other = Accelerator(cpu=True)
-    model = other.prepare(make_model())
+    model = other.prepare(mlp())
     as_rank_1_of_2(other)
     other.save(obj, tmp_path / "rank1.pt")
     other.save_model(model, tmp_path / "rank1_model")
@@ -254,7 +250,7 @@ def test_print_only_on_the_local_main_process(capsys):
 # ------------------------------------------------------------------ teardown
 def test_free_memory_forgets_prepared_objects(tmp_path):
     accelerator = Accelerator(cpu=True)
-    model = make_model()
+    model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(torch.ones(4, 4))))
     alive = weakref.ref(model)
@@ -264,7 +260,7 @@ def test_free_memory_forgets_prepared_objects(tmp_path):
     # A later checkpoint holds none of the freed objects, and new objects can be prepared.
     accelerator.save_state(tmp_path / "ckpt")
     assert not any(n.startswith(("model", "optimizer")) for n in os.listdir(tmp_path / "ckpt"))
-    again = accelerator.prepare(make_model())
+    again = accelerator.prepare(mlp())
     assert accelerator.unwrap_model(again) is again
     assert accelerator.clear() == []
 

@@ -22,9 +22,10 @@ import pytest
 import safetensors.torch
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from fittrain import Accelerator, CheckpointError, ProjectConfiguration
+from support.models import regression_data
 
 STEPS_BEFORE_SAVE = 3  # batches of epoch 0 trained before the checkpoint
 BATCHES_PER_EPOCH = 6
@@ -75,12 +76,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def dataset() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(BATCHES_PER_EPOCH * 4, 4, generator=g)
-    return TensorDataset(x, x.sum(dim=1, keepdim=True))
-
-
 def build(seed: int, **accelerator_kwargs: Any) -> Run:
     """A fresh training setup, as a new process would build it; `seed` sets every RNG first."""
     seed_everything(seed)
@@ -88,7 +83,7 @@ def build(seed: int, **accelerator_kwargs: Any) -> Run:
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
-    loader = DataLoader(dataset(), batch_size=4, shuffle=True)
+    loader = DataLoader(regression_data(BATCHES_PER_EPOCH * 4, in_features=4), batch_size=4, shuffle=True)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     weight = LossWeight()
     accelerator.register_for_checkpointing(weight)

@@ -40,6 +40,7 @@ from fittrain.callbacks import EarlyStop
 from fittrain.checkpoint import CheckpointDeletedError, CheckpointReader, is_intact, latest_checkpoint
 from fittrain.checkpoint import reader as reader_module
 from fittrain.trainer.callback_states import CallbackStates
+from support.models import Regressor, regression_loader
 
 
 class Counter:
@@ -386,24 +387,12 @@ def test_an_oversized_json_file_is_refused_unread(saved, monkeypatch):
 
 def test_trainer_resume_latest_goes_through_the_same_checks(tmp_path):
     """Trainer(resume_from="latest") skips the hostile newest checkpoint the same way."""
-    from fittrain import Callback, Trainer, TrainModule
+    from fittrain import Callback, Trainer
     from fittrain.callbacks import Checkpointer
     from fittrain.checkpoint.run_folders import run_folder
 
-    class Line(TrainModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Linear(2, 1)
-
-        def training_step(self, batch):
-            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    x = torch.randn(8, 2)
-    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-    Trainer(max_steps=2, project_dir=tmp_path, callbacks=[Checkpointer(every_n_steps=1)]).fit(Line(), data)
+    data = regression_loader(8, batch_size=2)
+    Trainer(max_steps=2, project_dir=tmp_path, callbacks=[Checkpointer(every_n_steps=1)]).fit(Regressor(), data)
     root = run_folder(tmp_path)  # the run's checkpoints
     (root / "checkpoint_1" / "manifest.json").write_bytes(nested(100_000))
     seen = []
@@ -413,7 +402,7 @@ def test_trainer_resume_latest_goes_through_the_same_checks(tmp_path):
             seen.append(trainer.state.global_step)
 
     with pytest.warns(UserWarning, match=r"checkpoint_1.*manifest\.json"):
-        Trainer(max_steps=2, project_dir=tmp_path, resume_from="latest", callbacks=[FirstStep()]).fit(Line(), data)
+        Trainer(max_steps=2, project_dir=tmp_path, resume_from="latest", callbacks=[FirstStep()]).fit(Regressor(), data)
     assert seen == [1]  # resumed from checkpoint_0, saved after step 1
 
 

@@ -18,15 +18,15 @@ import time
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Accelerator, ProjectConfiguration, Trainer, TrainModule
+from fittrain import Accelerator, ProjectConfiguration, Trainer
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint import CheckpointError, CheckpointReader, atomic_checkpoint, is_intact, list_checkpoints
 from fittrain.checkpoint.background import StagingBuffers
 from fittrain.checkpoint.renames import exchange
 from fittrain.checkpoint.temp_folders import WRITER_MARKER, TempFolder, reserve_numbered
 from fittrain.trainer.events import Callback
+from support.models import Regressor, regression_loader
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PROCESS_TIMEOUT = 300.0
@@ -349,19 +349,6 @@ def test_a_file_in_the_way_is_refused_not_deleted(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 4. An unwritable checkpoint folder fails when fit starts, not at the first save.
 
-class _Tiny(TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(2, 1)
-
-    def training_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 class _StepCount(Callback):
     def __init__(self) -> None:
         self.steps = 0
@@ -372,10 +359,10 @@ class _StepCount(Callback):
 
 def _fit_with_checkpoints(project: pathlib.Path) -> _StepCount:
     counter = _StepCount()
-    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=2)
+    loader = regression_loader(8, batch_size=2)
     trainer = Trainer(project_dir=project, max_epochs=1, callbacks=[counter, Checkpointer(every_n_steps=1)])
     try:
-        trainer.fit(_Tiny(), loader)
+        trainer.fit(Regressor(), loader)
     finally:
         assert counter.steps == 0, "the folder must be checked before the first step"
     return counter

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, ProjectConfiguration
+from support.models import mlp
 
 IN_DIM = 4
 HIDDEN = 16
@@ -31,11 +32,6 @@ def make_dataset(n: int = 32, scale: float = 1.0, seed: int = 0) -> TensorDatase
     x = torch.randn(n, IN_DIM, generator=g)
     w = torch.randn(IN_DIM, 1, generator=g)
     return TensorDataset(x, (x @ w + 0.5) * scale)
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(IN_DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
 
 
 def make_loader(dataset: TensorDataset, batch_size: int = 4, shuffle: bool = False) -> DataLoader:
@@ -69,7 +65,7 @@ def complex_loss_function(outputs: torch.Tensor, target: torch.Tensor) -> torch.
 
 
 def test_plain_loop_with_accelerator_device() -> None:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     training_dataloader = make_loader(make_dataset())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
@@ -105,7 +101,7 @@ def test_plain_loop_with_accelerator_device() -> None:
 
 
 def test_prepare_returns_objects_in_the_order_given() -> None:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     dataset = make_dataset()
     training_dataloader = make_loader(dataset)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -124,7 +120,7 @@ def test_prepare_returns_objects_in_the_order_given() -> None:
     assert p_scheduler.get_last_lr() == [0.05]
 
     # A different order comes back in that different order.
-    model2 = make_model(seed=1)
+    model2 = mlp(IN_DIM, HIDDEN, seed=1)
     optimizer2 = torch.optim.SGD(model2.parameters(), lr=0.3)
     scheduler2 = torch.optim.lr_scheduler.StepLR(optimizer2, step_size=2, gamma=0.5)
     loader2 = make_loader(dataset, batch_size=8)
@@ -142,7 +138,7 @@ def test_prepare_returns_objects_in_the_order_given() -> None:
 
 
 def test_full_accelerated_training_loop() -> None:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     training_dataloader = make_loader(make_dataset(), shuffle=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=8, gamma=0.9)
@@ -201,7 +197,7 @@ def _reference_big_batch_training(model: nn.Module, dataset: TensorDataset, lr: 
 
 def test_gradient_accumulation_matches_a_twice_larger_batch() -> None:
     dataset = make_dataset(n=32)
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     reference = _reference_big_batch_training(model, dataset, lr=0.1)
     training_dataloader = make_loader(dataset, batch_size=4)  # 8 batches -> 4 optimizer steps
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -241,7 +237,7 @@ def test_gradient_accumulation_matches_a_twice_larger_batch() -> None:
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`:UserWarning")
 def test_gradient_accumulation_with_an_unprepared_scheduler_runs() -> None:
     dataset = make_dataset(n=32)
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     training_dataloader = make_loader(dataset, batch_size=4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
@@ -274,7 +270,7 @@ def test_gradient_accumulation_with_an_unprepared_scheduler_runs() -> None:
 
 
 def test_clip_grad_value_bounds_every_gradient() -> None:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     # Targets scaled up so that raw gradients are far above the clip value.
     training_dataloader = make_loader(make_dataset(scale=50.0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -303,7 +299,7 @@ def test_clip_grad_value_bounds_every_gradient() -> None:
 
 
 def test_clip_grad_norm_returns_the_total_norm_and_bounds_it() -> None:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     training_dataloader = make_loader(make_dataset(scale=50.0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
@@ -340,7 +336,7 @@ def test_clip_grad_norm_returns_the_total_norm_and_bounds_it() -> None:
 
 
 def _mixed_precision_loop(accelerator: Accelerator, epochs: int = 5) -> list[float]:
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     training_dataloader = make_loader(make_dataset())
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
@@ -408,7 +404,7 @@ def _trained(accelerator: Accelerator, model: nn.Module) -> nn.Module:
 
 def test_save_model_writes_safetensors_that_load_strictly(tmp_path) -> None:
     accelerator = Accelerator()
-    model = _trained(accelerator, make_model())
+    model = _trained(accelerator, mlp(IN_DIM, HIDDEN))
     save_directory = str(tmp_path / "saved")
 
     accelerator.wait_for_everyone()
@@ -416,7 +412,7 @@ def test_save_model_writes_safetensors_that_load_strictly(tmp_path) -> None:
 
     path = os.path.join(save_directory, "model.safetensors")
     assert os.path.isfile(path)
-    fresh = make_model(seed=123)
+    fresh = mlp(IN_DIM, HIDDEN, seed=123)
     fresh.load_state_dict(load_file(path), strict=True)
     for got, want in zip(fresh.parameters(), accelerator.unwrap_model(model).parameters()):
         assert torch.equal(got.detach(), want.detach().cpu())
@@ -515,7 +511,7 @@ def test_save_state_and_load_state_with_automatic_naming(tmp_path) -> None:
     config = ProjectConfiguration(project_dir=project_dir, automatic_checkpoint_naming=True)
     accelerator = Accelerator(project_config=config)
 
-    model = make_model()
+    model = mlp(IN_DIM, HIDDEN)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
     model, optimizer, loader, scheduler = accelerator.prepare(

@@ -12,10 +12,8 @@ import signal
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Callback, Trainer, TrainModule
+from fittrain import Callback, Trainer
 from fittrain.checkpoint.run_folders import run_checkpoints
 from fittrain.distributed.preemption import PREEMPTION_EXIT_CODE
 from fittrain.distributed.process_state import ProcessState
@@ -30,6 +28,7 @@ from fittrain.distributed.slurm import (
     slurm_process,
 )
 from fittrain.launch import cli
+from support.models import Regressor, regression_loader
 
 _CLEARED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", SLURM_ENV, REQUEUE_ENV)
 
@@ -234,21 +233,6 @@ def test_a_failing_or_missing_scontrol_is_a_warning(scontrol, monkeypatch: pytes
         assert requeue("12; rm -rf /") is False
 
 
-class _Tiny(TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch):
-        return nn.functional.mse_loss(self(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 class _SignalAt(Callback):
     def __init__(self, step: int, sig: int) -> None:
         self.step, self.sig = step, sig
@@ -259,9 +243,9 @@ class _SignalAt(Callback):
 
 
 def _preempted_fit(tmp_path: pathlib.Path, sig: int) -> None:
-    loader = DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=2)
+    loader = regression_loader(16, batch_size=2)
     with pytest.raises(SystemExit) as exit_info:
-        Trainer(callbacks=[_SignalAt(2, sig)], project_dir=tmp_path).fit(_Tiny(), loader)
+        Trainer(callbacks=[_SignalAt(2, sig)], project_dir=tmp_path).fit(Regressor(), loader)
     assert exit_info.value.code == PREEMPTION_EXIT_CODE
     assert len(run_checkpoints(tmp_path)) == 1
 
@@ -293,8 +277,8 @@ def test_a_malformed_requeue_switch_fails_before_training(tmp_path: pathlib.Path
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv(REQUEUE_ENV, "sometimes")
-    loader = DataLoader(TensorDataset(torch.randn(4, 3), torch.randn(4, 1)), batch_size=2)
+    loader = regression_loader(4, batch_size=2)
     trainer = Trainer(project_dir=tmp_path)
     with pytest.raises(ValueError, match="FITTRAIN_SLURM_REQUEUE"):
-        trainer.fit(_Tiny(), loader)
+        trainer.fit(Regressor(), loader)
     assert trainer.state.global_step == 0

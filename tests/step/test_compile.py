@@ -29,11 +29,12 @@ import torch
 import torch._dynamo
 from safetensors.torch import load_file
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.utils import TorchDynamoPlugin
+from support.models import regression_data
 
 
 class Counter:
@@ -68,15 +69,10 @@ class Net(TrainModule):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
 
 
-def data(n: int = 32) -> TensorDataset:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
 def loaders() -> tuple[DataLoader, DataLoader]:
     # Equal batch sizes (32 / 8, 16 / 8): a smaller last batch would add a dynamic-shape graph.
-    return DataLoader(data(), batch_size=8, shuffle=True), DataLoader(data(16), batch_size=8)
+    return (DataLoader(regression_data(32, in_features=4, seed=1), batch_size=8, shuffle=True),
+            DataLoader(regression_data(16, in_features=4, seed=1), batch_size=8))
 
 
 def new_net() -> Net:

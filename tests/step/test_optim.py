@@ -15,19 +15,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator
 from fittrain.step.optim import AcceleratedOptimizer, AcceleratedScheduler
+from support.models import mlp, regression_data
 
 LR = 0.1
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
-
-
-def make_dataset(n: int = 15) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(dim=1, keepdim=True))
 
 
 def params(model: nn.Module) -> list[torch.Tensor]:
@@ -57,8 +47,8 @@ def reference_accumulation(model: nn.Module, dataset: TensorDataset, k: int, epo
 
 
 def test_accumulation_syncs_every_kth_batch_and_on_the_last_batch():
-    dataset, k = make_dataset(15), 4
-    model = make_model()
+    dataset, k = regression_data(15), 4
+    model = mlp(3, 4)
     reference, reference_lrs = reference_accumulation(model, dataset, k, epochs=2)
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
@@ -90,9 +80,9 @@ def test_accumulation_syncs_every_kth_batch_and_on_the_last_batch():
 
 def test_optimizer_does_nothing_inside_a_window():
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
-    model = make_model()
+    model = mlp(3, 4)
     model, optimizer, loader = accelerator.prepare(
-        model, torch.optim.SGD(model.parameters(), lr=LR), DataLoader(make_dataset(6), batch_size=1))
+        model, torch.optim.SGD(model.parameters(), lr=LR), DataLoader(regression_data(6), batch_size=1))
     grads_seen = []
     for x, y in loader:
         with accelerator.accumulate(model):
@@ -112,11 +102,11 @@ def test_optimizer_does_nothing_inside_a_window():
 
 def test_scheduler_steps_only_after_real_optimizer_steps():
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    model = make_model()
+    model = mlp(3, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
     model, optimizer, scheduler, loader = accelerator.prepare(
-        model, optimizer, scheduler, DataLoader(make_dataset(8), batch_size=2))
+        model, optimizer, scheduler, DataLoader(regression_data(8), batch_size=2))
     lrs = []
     for x, y in loader:
         with accelerator.accumulate(model):
@@ -131,11 +121,11 @@ def test_scheduler_steps_only_after_real_optimizer_steps():
 
 def test_step_scheduler_with_optimizer_false_steps_on_every_call():
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, step_scheduler_with_optimizer=False)
-    model = make_model()
+    model = mlp(3, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     model, optimizer, scheduler, loader = accelerator.prepare(
-        model, optimizer, scheduler, DataLoader(make_dataset(8), batch_size=2))
+        model, optimizer, scheduler, DataLoader(regression_data(8), batch_size=2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch notes the scheduler stepping past the optimizer
         for x, y in loader:
@@ -148,7 +138,7 @@ def test_step_scheduler_with_optimizer_false_steps_on_every_call():
 
 def test_prepared_optimizer_and_scheduler_forward_the_wrapped_api():
     accelerator = Accelerator(cpu=True)
-    model = make_model()
+    model = mlp(3, 4)
     inner = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     inner_scheduler = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
     model, optimizer, scheduler = accelerator.prepare(model, inner, inner_scheduler)
@@ -162,7 +152,7 @@ def test_prepared_optimizer_and_scheduler_forward_the_wrapped_api():
     assert inner.param_groups[0]["lr"] == 0.05
     optimizer.param_groups[0]["lr"] = LR
 
-    x, y = make_dataset(4).tensors
+    x, y = regression_data(4).tensors
     accelerator.backward(loss_fn(model, x, y))
     optimizer.step()
     scheduler.step()
@@ -173,11 +163,11 @@ def test_prepared_optimizer_and_scheduler_forward_the_wrapped_api():
     # state_dict/load_state_dict are the wrapped objects' own, so they round-trip into plain ones.
     state = optimizer.state_dict()
     assert state.keys() == inner.state_dict().keys()
-    plain = torch.optim.AdamW(make_model().parameters(), lr=1.0)
+    plain = torch.optim.AdamW(mlp(3, 4).parameters(), lr=1.0)
     plain.load_state_dict(state)
     assert plain.param_groups[0]["lr"] == pytest.approx(LR / 2)
     assert all(torch.equal(plain.state_dict()["state"][0][k], state["state"][0][k]) for k in ("exp_avg",))
-    fresh_model = make_model()
+    fresh_model = mlp(3, 4)
     fresh_inner = torch.optim.AdamW(fresh_model.parameters(), lr=1.0)
     fresh = Accelerator(cpu=True).prepare(torch.optim.lr_scheduler.StepLR(fresh_inner, step_size=1, gamma=0.5))
     fresh.load_state_dict(scheduler.state_dict())
@@ -208,10 +198,10 @@ def test_train_and_eval_reach_an_optimizer_that_has_them():
 
 def test_preparing_twice_is_a_no_op():
     accelerator = Accelerator(cpu=True)
-    model = make_model()
+    model = mlp(3, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    loader = DataLoader(make_dataset(4), batch_size=2)
+    loader = DataLoader(regression_data(4), batch_size=2)
     first = accelerator.prepare(model, optimizer, loader, scheduler)
     second = accelerator.prepare(*first)
     assert all(a is b for a, b in zip(first, second))
@@ -223,10 +213,10 @@ def test_preparing_twice_is_a_no_op():
 
 def test_prepare_keeps_the_order_and_passes_unknown_objects_through():
     accelerator = Accelerator(cpu=True)
-    model = make_model()
+    model = mlp(3, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    loader = DataLoader(make_dataset(4), batch_size=2)
+    loader = DataLoader(regression_data(4), batch_size=2)
     extra, config = object(), {"lr": LR}
     out = accelerator.prepare(scheduler, extra, loader, config, optimizer, None, model)
     assert len(out) == 7
@@ -243,9 +233,9 @@ def test_prepare_keeps_the_order_and_passes_unknown_objects_through():
 
 def test_a_scheduler_built_after_prepare_on_the_prepared_optimizer_works():
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    model = make_model()
+    model = mlp(3, 4)
     model, optimizer, loader = accelerator.prepare(
-        model, torch.optim.SGD(model.parameters(), lr=LR), DataLoader(make_dataset(8), batch_size=2))
+        model, torch.optim.SGD(model.parameters(), lr=LR), DataLoader(regression_data(8), batch_size=2))
     scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
     assert scheduler.get_last_lr() == [LR]
     with warnings.catch_warnings():
@@ -261,11 +251,11 @@ def test_a_scheduler_built_after_prepare_on_the_prepared_optimizer_works():
 
 
 def test_backward_divides_the_loss_by_the_accumulation_steps():
-    x, y = make_dataset(4).tensors
-    plain = make_model()
+    x, y = regression_data(4).tensors
+    plain = mlp(3, 4)
     loss_fn(plain, x, y).backward()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
-    model = accelerator.prepare(make_model())
+    model = accelerator.prepare(mlp(3, 4))
     accelerator.backward(loss_fn(model, x, y))
     for got, want in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(got.grad, want.grad / 4)

@@ -14,11 +14,7 @@ from torch import nn
 
 from fittrain import Accelerator
 from fittrain.step.precision import AutocastForward, FullPrecision, ScaledPrecision, to_fp32
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+from support.models import mlp
 
 
 def record_linear_output_dtypes(model: nn.Module) -> list[torch.dtype]:
@@ -46,8 +42,8 @@ def total_norm(tensors: list[torch.Tensor]) -> float:
 def test_no_precision_changes_nothing():
     accelerator = Accelerator(cpu=True, mixed_precision="no")
     assert accelerator.mixed_precision == "no" and type(accelerator.precision) is FullPrecision
-    reference = make_model()
-    model = accelerator.prepare(make_model())
+    reference = mlp()
+    model = accelerator.prepare(mlp())
     # The forward is not wrapped at all, so "no" costs nothing per call.
     assert "forward" not in model.__dict__
     dtypes = record_linear_output_dtypes(model)
@@ -70,8 +66,8 @@ def test_none_means_no():
 # ------------------------------------------------------------------ bf16
 def test_bf16_runs_the_forward_in_bf16_and_returns_fp32():
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
-    reference = make_model()
-    model = accelerator.prepare(make_model())
+    reference = mlp()
+    model = accelerator.prepare(mlp())
     dtypes = record_linear_output_dtypes(model)
     out = model(inputs())
     assert dtypes == [torch.bfloat16, torch.bfloat16]  # inside: bf16
@@ -119,7 +115,7 @@ def test_to_fp32_converts_half_types_recursively():
 # ------------------------------------------------------------------ fp16 with a GradScaler
 def fp16_setup(**kwargs):
     accelerator = Accelerator(cpu=True, mixed_precision="fp16", **kwargs)
-    model = make_model()
+    model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     return (accelerator, *accelerator.prepare(model, optimizer, scheduler))
@@ -249,7 +245,7 @@ def test_scaler_state_round_trips():
 def test_mixed_precision_can_be_set_before_prepare_only():
     accelerator = Accelerator(cpu=True)
     accelerator.mixed_precision = "bf16"
-    model = accelerator.prepare(make_model())
+    model = accelerator.prepare(mlp())
     assert isinstance(model.__dict__["forward"], AutocastForward)
     with pytest.raises(RuntimeError, match="before prepare"):
         accelerator.mixed_precision = "fp16"
@@ -265,7 +261,7 @@ def test_unknown_precision_names_the_argument_and_value(value):
 # ------------------------------------------------------------------ closures
 def lbfgs_run(accelerator: Accelerator) -> list[torch.Tensor]:
     """Three LBFGS steps (which need a closure) on a fixed regression problem."""
-    model = make_model()
+    model = mlp()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     model, optimizer = accelerator.prepare(model, optimizer)
     x = inputs()
@@ -283,7 +279,7 @@ def lbfgs_run(accelerator: Accelerator) -> list[torch.Tensor]:
 
 
 def test_closure_step_matches_plain_lbfgs_without_fp16():
-    model = make_model()
+    model = mlp()
     plain = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     x = inputs()
     y = x.sum(1, keepdim=True)

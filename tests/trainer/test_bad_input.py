@@ -13,37 +13,10 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Callback, Trainer, TrainModule
+from fittrain import Callback, Trainer
 from fittrain.callbacks import Checkpointer, EarlyStop, GradClip
-
-
-class Net(TrainModule):
-    """y = x·w with a configurable `configure_optimizers` (`optimizers(self)` returns its result)."""
-
-    def __init__(self, optimizers: Callable[["Net"], Any] | None = None) -> None:
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-        self.make_optimizers = optimizers or (lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
-
-    def validation_step(self, batch: Any) -> torch.Tensor:
-        return self.training_step(batch)
-
-    def configure_optimizers(self) -> Any:
-        return self.make_optimizers(self)
-
-
-def loader(n: int = 8) -> DataLoader:
-    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
-    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+from support.models import Regressor, regression_loader
 
 
 def raises(error: type[Exception], call: Callable[[], Any], *fragments: str) -> str:
@@ -58,10 +31,10 @@ def raises(error: type[Exception], call: Callable[[], Any], *fragments: str) -> 
     return message
 
 
-def fit_untouched(tmp_path, module: Net, error: type[Exception], *fragments: str, train: Any = "default") -> str:
+def fit_untouched(tmp_path, module: Regressor, error: type[Exception], *fragments: str, train: Any = "default") -> str:
     """fit raises `error`, and the module's weights never changed: no optimizer step ran."""
     before = module.net.weight.detach().clone()
-    train = loader() if train == "default" else train
+    train = regression_loader(8) if train == "default" else train
     message = raises(error, lambda: Trainer(project_dir=tmp_path).fit(module, train), *fragments)
     assert torch.equal(before, module.net.weight)
     return message
@@ -107,11 +80,11 @@ def test_two_checkpointers_are_refused():
 
 # ----------------------------------------------------------------- fit(...)
 def test_fit_without_a_train_loader(tmp_path):
-    fit_untouched(tmp_path, Net(), TypeError, "`train_loader`", "train_loader=None", train=None)
-    fit_untouched(tmp_path, Net(), TypeError, "`train_loader`", "train_loader=3", train=3)
+    fit_untouched(tmp_path, Regressor(), TypeError, "`train_loader`", "train_loader=None", train=None)
+    fit_untouched(tmp_path, Regressor(), TypeError, "`train_loader`", "train_loader=3", train=3)
 
 
-def _sgd(module: Net) -> torch.optim.SGD:
+def _sgd(module: Regressor) -> torch.optim.SGD:
     return torch.optim.SGD(module.parameters(), lr=0.1)
 
 
@@ -120,20 +93,21 @@ def _step_lr(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.StepLR:
 
 
 def test_scheduler_must_be_an_lr_scheduler(tmp_path):
-    fit_untouched(tmp_path, Net(lambda m: (_sgd(m), "sched")), TypeError, "configure_optimizers",
+    fit_untouched(tmp_path, Regressor(optimizers=lambda m: (_sgd(m), "sched")), TypeError, "configure_optimizers",
                   "must be an LR scheduler", "Received: 'sched'.")
-    other = _sgd(Net())
-    fit_untouched(tmp_path, Net(lambda m: (_sgd(m), _step_lr(other))), ValueError, "StepLR", "another optimizer")
+    other = _sgd(Regressor())
+    fit_untouched(tmp_path, Regressor(optimizers=lambda m: (_sgd(m), _step_lr(other))), ValueError, "StepLR",
+                  "another optimizer")
 
 
 @pytest.mark.parametrize("form", ["tuple", "list", "lists", "dicts"])
 def test_two_optimizers_are_refused_not_taken_as_a_scheduler(tmp_path, form):
-    def two(m: Net) -> Any:
+    def two(m: Regressor) -> Any:
         opt_g, opt_d = torch.optim.SGD(m.net.parameters(), lr=0.1), torch.optim.Adam(m.net.parameters())
         return {"tuple": (opt_g, opt_d), "list": [opt_g, opt_d], "lists": ([opt_g, opt_d], [_step_lr(opt_g)]),
                 "dicts": ({"optimizer": opt_g}, {"optimizer": opt_d})}[form]
 
-    fit_untouched(tmp_path, Net(two), ValueError, "configure_optimizers", "2 optimizers",
+    fit_untouched(tmp_path, Regressor(optimizers=two), ValueError, "configure_optimizers", "2 optimizers",
                   "automatic_optimization = False", "parameter group")
 
 
@@ -152,23 +126,24 @@ def test_two_optimizers_are_refused_not_taken_as_a_scheduler(tmp_path, form):
     ({"opt_idx": 0}, ("Unknown key 'opt_idx'", "Allowed keys")),
 ])
 def test_bad_lr_scheduler_dicts(tmp_path, scheduler_dict, fragments):
-    def configure(m: Net) -> dict:
+    def configure(m: Regressor) -> dict:
         opt = _sgd(m)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": _step_lr(opt), **scheduler_dict}}
 
-    fit_untouched(tmp_path, Net(configure), ValueError, "lr_scheduler dict", *fragments)
+    fit_untouched(tmp_path, Regressor(optimizers=configure), ValueError, "lr_scheduler dict", *fragments)
 
 
 def test_bad_top_level_keys_and_a_missing_scheduler(tmp_path):
-    def misspelt(m: Net) -> dict:
+    def misspelt(m: Regressor) -> dict:
         opt = _sgd(m)
         return {"optimizer": opt, "lr_schedular": _step_lr(opt)}
 
-    fit_untouched(tmp_path, Net(misspelt), ValueError, "Unknown key 'lr_schedular'", "optimizer, lr_scheduler, monitor")
-    monitored = Net(lambda m: {"optimizer": _sgd(m), "monitor": "val_loss"})
+    fit_untouched(tmp_path, Regressor(optimizers=misspelt), ValueError, "Unknown key 'lr_schedular'",
+                  "optimizer, lr_scheduler, monitor")
+    monitored = Regressor(optimizers=lambda m: {"optimizer": _sgd(m), "monitor": "val_loss"})
     fit_untouched(tmp_path, monitored, ValueError, "'monitor'", "no scheduler to drive", "monitor='val_loss'",
                   "ReduceLROnPlateau(optimizer)")
-    no_scheduler = Net(lambda m: {"optimizer": _sgd(m), "lr_scheduler": {"interval": "epoch"}})
+    no_scheduler = Regressor(optimizers=lambda m: {"optimizer": _sgd(m), "lr_scheduler": {"interval": "epoch"}})
     fit_untouched(tmp_path, no_scheduler, ValueError, "no 'scheduler' key", "{'interval': 'epoch'}")
 
 
@@ -178,52 +153,54 @@ def _plateau(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.ReduceLROnP
 
 @pytest.mark.parametrize("form", ["pair", "dict", "scheduler dict"])
 def test_reduce_lr_on_plateau_needs_a_monitor(tmp_path, form):
-    def plateau(m: Net) -> Any:
+    def plateau(m: Regressor) -> Any:
         opt = _sgd(m)
         return {"pair": (opt, _plateau(opt)), "dict": {"optimizer": opt, "lr_scheduler": _plateau(opt)},
                 "scheduler dict": {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt)}}}[form]
 
-    fit_untouched(tmp_path, Net(plateau), ValueError, "ReduceLROnPlateau", "steps on a metric", "no 'monitor'",
-                  "'monitor': 'val_loss'")
+    fit_untouched(tmp_path, Regressor(optimizers=plateau), ValueError, "ReduceLROnPlateau", "steps on a metric",
+                  "no 'monitor'", "'monitor': 'val_loss'")
 
 
 def test_reduce_lr_on_plateau_cannot_be_told_it_takes_no_metric(tmp_path):
-    def plateau(m: Net) -> dict:
+    def plateau(m: Regressor) -> dict:
         opt = _sgd(m)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt), "reduce_on_plateau": False,
                                                    "monitor": "val_loss"}}
 
-    fit_untouched(tmp_path, Net(plateau), ValueError, "ReduceLROnPlateau", "reduce_on_plateau=False",
+    fit_untouched(tmp_path, Regressor(optimizers=plateau), ValueError, "ReduceLROnPlateau", "reduce_on_plateau=False",
                   "Remove 'reduce_on_plateau'")
 
 
 @pytest.mark.parametrize("monitor", ["", 3])
 def test_a_monitor_must_be_a_metric_name(tmp_path, monitor):
-    def plateau(m: Net) -> dict:
+    def plateau(m: Regressor) -> dict:
         opt = _sgd(m)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": _plateau(opt), "monitor": monitor}}
 
-    fit_untouched(tmp_path, Net(plateau), ValueError, "`monitor`", f"monitor={monitor!r}", "a metric name")
+    fit_untouched(tmp_path, Regressor(optimizers=plateau), ValueError, "`monitor`", f"monitor={monitor!r}",
+                  "a metric name")
 
 
 def test_a_bad_configure_optimizers_return_is_summarised_in_one_line(tmp_path):
-    message = fit_untouched(tmp_path, Net(lambda m: m.net), TypeError, "configure_optimizers", "Received: Linear.")
+    message = fit_untouched(tmp_path, Regressor(optimizers=lambda m: m.net), TypeError, "configure_optimizers",
+                            "Received: Linear.")
     assert "in_features" not in message  # a type name, not the object's repr
 
 
 def test_optimizer_over_another_models_parameters(tmp_path):
     stranger = nn.Linear(5, 2)
-    fit_untouched(tmp_path, Net(lambda m: torch.optim.SGD(stranger.parameters(), lr=0.1)), ValueError,
-                  "configure_optimizers", "SGD over 2 parameter(s)", "not parameters of Net", "(2, 5), (2,)",
+    fit_untouched(tmp_path, Regressor(optimizers=lambda m: torch.optim.SGD(stranger.parameters(), lr=0.1)), ValueError,
+                  "configure_optimizers", "SGD over 2 parameter(s)", "not parameters of Regressor", "(2, 5), (2,)",
                   "self.parameters()")
 
 
-class _Detached(Net):
+class _Detached(Regressor):
     def training_step(self, batch: Any) -> torch.Tensor:
         return super().training_step(batch).detach()
 
 
-class _NoGrad(Net):
+class _NoGrad(Regressor):
     def training_step(self, batch: Any) -> torch.Tensor:
         with torch.no_grad():
             return super().training_step(batch)
@@ -236,7 +213,7 @@ def test_a_loss_without_grad_names_training_step(tmp_path, module_class):
 
 
 # ----------------------------------------------------------------- NaN losses
-class _NaNAfter(Net):
+class _NaNAfter(Regressor):
     """The loss becomes NaN from the given optimizer step on."""
 
     def __init__(self, step: int) -> None:
@@ -262,7 +239,7 @@ def test_a_nan_loss_warns_once_naming_the_step_without_reading_it_every_step(tmp
     probe = _LossStaysLazy()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        Trainer(callbacks=[probe], max_epochs=3, project_dir=tmp_path).fit(_NaNAfter(step=3), loader(n=16))
+        Trainer(callbacks=[probe], max_epochs=3, project_dir=tmp_path).fit(_NaNAfter(step=3), regression_loader(16))
     nan_warnings = [str(w.message) for w in caught if "training loss is nan" in str(w.message)]
     assert len(nan_warnings) == 1, nan_warnings
     assert "at optimizer step 4 (epoch 0)" in nan_warnings[0] and "\n" not in nan_warnings[0]
@@ -274,7 +251,7 @@ def test_early_stop_on_train_loss_stops_at_a_nan_loss(tmp_path):
     val_loader it ends the run after the epoch whose training loss became NaN."""
     trainer = Trainer(callbacks=[EarlyStop(monitor="train_loss", patience=100)], max_epochs=5, project_dir=tmp_path)
     with pytest.warns(UserWarning) as caught:
-        trainer.fit(_NaNAfter(step=3), loader(n=16), loader(n=4))
+        trainer.fit(_NaNAfter(step=3), regression_loader(16), regression_loader(4))
     messages = [str(w.message) for w in caught]
     assert any("EarlyStop stops training: train_loss=nan" in m for m in messages), messages
     assert any("training loss is nan at optimizer step 4" in m and "EarlyStop(monitor='train_loss')" in m

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import Accelerator, Callback, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
@@ -24,13 +23,17 @@ from fittrain.checkpoint import checks
 from fittrain.trainer.configure import SchedulerConfig, parse_optimizers
 from fittrain.trainer.schedules import EpochSchedule, MetricSchedule, Schedule, StepSchedule, make_schedule
 from support.jobs import run, torchrun
+from support.models import regression_loader
 
 LR = 0.1
 Plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
 
 
 class Net(TrainModule):
-    """y = x·w; `configure(opt)` builds what configure_optimizers returns around an SGD optimizer."""
+    """y = x·w; `configure(opt)` builds what configure_optimizers returns around an SGD optimizer.
+
+    Not support.models' Regressor: validation also returns "flat", a metric that never improves.
+    """
 
     def __init__(self, configure: Callable[[torch.optim.Optimizer], Any] = lambda opt: opt) -> None:
         super().__init__()
@@ -287,16 +290,11 @@ class LRHistory(Callback):
         return [lr for k, _, lr in self.records if k == kind]
 
 
-def data(n: int = 12, batch_size: int = 4, shuffle: bool = False) -> DataLoader:
-    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
-    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch_size, shuffle=shuffle)
-
-
 def fit_history(tmp_path, configure: Callable[[torch.optim.Optimizer], Any], val: bool = True,
                 **trainer_args: Any) -> tuple[Trainer, LRHistory]:
     history = LRHistory()
     trainer = Trainer(project_dir=tmp_path, callbacks=[history], **trainer_args)
-    trainer.fit(Net(configure), data(), data() if val else None)
+    trainer.fit(Net(configure), regression_loader(12), regression_loader(12) if val else None)
     return trainer, history
 
 
@@ -348,7 +346,7 @@ def test_fit_refuses_a_plateau_without_validation_before_training(tmp_path):
     module = Net(lambda o: {"optimizer": o, "lr_scheduler": Plateau(o), "monitor": "val_loss"})
     before = module.net.weight.detach().clone()
     with pytest.raises(ValueError, match="no val_loader.*never step"):
-        Trainer(project_dir=tmp_path, max_epochs=1).fit(module, data())
+        Trainer(project_dir=tmp_path, max_epochs=1).fit(module, regression_loader(12))
     assert torch.equal(before, module.net.weight)
 
 
@@ -392,7 +390,8 @@ def resume_run(tmp_path, case: str, history: LRHistory, interrupt: int | None = 
     callbacks += [InterruptAt(interrupt)] if interrupt else []
     trainer = Trainer(project_dir=tmp_path, max_epochs=5, callbacks=callbacks,
                       resume_from="latest" if resume else None, **trainer_args)
-    trainer.fit(Net(lambda o: {"optimizer": o, "lr_scheduler": scheduler(o)}), data(shuffle=True), data())
+    trainer.fit(Net(lambda o: {"optimizer": o, "lr_scheduler": scheduler(o)}), regression_loader(12, shuffle=True),
+                regression_loader(12))
     return trainer
 
 
