@@ -45,29 +45,46 @@ if TYPE_CHECKING:
 REDUCTIONS = ("mean", "sum", "max", "min")
 _FUNCTIONS: dict[Callable[..., Any], str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max",
                                               torch.min: "min"}
+#: What a process that logged nothing of a name contributes to its reduction across processes: nothing.
+_IDENTITY = {"max": float("-inf"), "min": float("inf")}
 
 
 @dataclasses.dataclass
 class Running:
-    """One metric's reduction over the epoch's batches so far (float64, so a checkpoint holds it exactly)."""
+    """One metric's reduction over the epoch's batches so far.
+
+    A batch only appends its value (no device work on the per-step path); `fold` reduces what was
+    appended, in order, in Python floats (IEEE doubles), after one copy to the CPU. The fold is the
+    same sequence of operations however the epoch is cut by checkpoints, so a resumed epoch ends
+    with the bitwise same value; a checkpoint holds the folded (value, weight).
+    """
 
     reduce_fx: str
     sync: bool
-    value: torch.Tensor  # the weighted sum ("mean", "sum"), or the extreme ("max", "min")
+    value: float | None = None  # the weighted sum ("mean"), the sum, or the extreme; None before any
     weight: float = 0.0  # the summed batch sizes ("mean")
+    pending: list[tuple[torch.Tensor, float]] = dataclasses.field(default_factory=list)
 
     def add(self, value: torch.Tensor, weight: float) -> None:
-        if self.reduce_fx == "mean":
-            self.value = self.value + value * weight
-            self.weight += weight
-        elif self.reduce_fx == "sum":
-            self.value = self.value + value
-        elif self.reduce_fx == "max":
-            self.value = torch.maximum(self.value, value)
-        else:
-            self.value = torch.minimum(self.value, value)
+        self.pending.append((value, weight))
 
-    def result(self) -> torch.Tensor:
+    def fold(self) -> None:
+        """Reduces the appended values into `value` and `weight`."""
+        if not self.pending:
+            return
+        values = torch.stack([v for v, _ in self.pending]).double().cpu().tolist()  # one device sync
+        fx, total, weight = self.reduce_fx, self.value, self.weight
+        for v, (_, w) in zip(values, self.pending):
+            if fx == "mean":
+                total, weight = (0.0 if total is None else total) + v * w, weight + w
+            elif fx == "sum":
+                total = (0.0 if total is None else total) + v
+            else:
+                total = v if total is None else (max(total, v) if fx == "max" else min(total, v))
+        self.value, self.weight, self.pending = total, weight, []
+
+    def result(self) -> float:
+        self.fold()
         return self.value / self.weight if self.reduce_fx == "mean" else self.value
 
 
@@ -100,11 +117,13 @@ class MetricLog:
         self.epoch_names: list[str] = []  # what the last end_epoch recorded (the Logger writes them then)
         self._pending: dict[str, str] = {}  # step values to reduce across processes after the batch: name -> fx
         self._in_batch = False
+        self._batch_weight: float | None = None  # the training batch's size, found at its first on_epoch value
 
     # ----------------------------------------------------------------- the loop's calls
     def start_batch(self) -> None:
         """A training batch starts: step values logged with sync_dist wait for `end_batch`."""
         self._in_batch = True
+        self._batch_weight = None
 
     def end_batch(self) -> None:
         """Reduces the batch's sync_dist step values across processes: one collective per reduction."""
@@ -128,7 +147,7 @@ class MetricLog:
             wanted = dict(sorted({tuple(item) for items in gathered for item in items}))
             for name, fx in wanted.items():  # a name another process logged and this one did not adds nothing
                 if name not in running:
-                    running[name] = Running(fx, True, _identity(fx, acc.device))
+                    running[name] = Running(fx, True, _IDENTITY.get(fx, 0.0))
                     values[name] = running[name].value
             self._reduce(values, wanted, running)
         self.epoch_names = []
@@ -136,7 +155,7 @@ class MetricLog:
             self._record_epoch_value(name, value)
 
     # ----------------------------------------------------------------- self.log
-    def log(self, name: str, value: Any, *, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
             on_epoch: bool | None = None, reduce_fx: Any = "mean", sync_dist: bool = False,
             batch_size: int | None = None) -> None:
         """Records `value` under `name` as the module docstring says.
@@ -144,7 +163,7 @@ class MetricLog:
         Raises:
             ValueError: for an option the place of the call cannot honour, or a value that is not a scalar.
         """
-        fx = check_reduce_fx(reduce_fx)
+        fx = reduce_fx if reduce_fx in REDUCTIONS else check_reduce_fx(reduce_fx)
         value = _scalar(name, value)
         trainer = self.trainer
         averager = trainer.evaluation.averager
@@ -159,9 +178,9 @@ class MetricLog:
             _refuse(name, on_step is True, "outside a training batch (an epoch hook) there is no step to log at: "
                                            "leave on_step at its default")
             if sync_dist:
-                value = trainer.accelerator.reduce(value.detach(), reduction=fx)
+                value = trainer.accelerator.reduce(value, reduction=fx)
             self._flags(name, prog_bar, logger)
-            trainer.state.raw_metrics[name] = value.detach()
+            trainer.state.raw_metrics[name] = value
             return
         step = True if on_step is None else bool(on_step)
         epoch = bool(on_epoch)
@@ -171,11 +190,13 @@ class MetricLog:
             self.hidden.add(name)  # the trackers get name_step and name_epoch, as Lightning's loggers do
         if step:
             self._flags(step_name, prog_bar, logger)
-            self._record_step_value(step_name, value.detach(), fx if sync_dist else None)
+            self._record_step_value(step_name, value, fx if sync_dist else None)
         if epoch:
             self._flags(epoch_name, prog_bar, logger)
-            weight = float(batch_size if batch_size is not None else (batch_size_of(trainer.batch) or 1))
-            self._accumulate(epoch_name, value.detach(), fx, sync_dist, weight)
+            if batch_size is None and self._batch_weight is None:
+                self._batch_weight = float(batch_size_of(trainer.batch) or 1)
+            self._accumulate(epoch_name, value, fx, sync_dist,
+                             self._batch_weight if batch_size is None else float(batch_size))
 
     # ----------------------------------------------------------------- helpers
     def _flags(self, name: str, prog_bar: bool, logger: bool) -> None:
@@ -199,19 +220,16 @@ class MetricLog:
         logs = self.trainer.state.epoch_logs
         running = logs.get(name)
         if running is None:
-            start = value.new_zeros((), dtype=torch.float64) if fx in ("mean", "sum") else value.double()
-            running = logs[name] = Running(fx, sync, start)
-            if fx in ("max", "min"):
-                return
+            running = logs[name] = Running(fx, sync)
         elif running.reduce_fx != fx or running.sync != sync:
             raise ValueError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r}, sync_dist={sync} after "
                              f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync} in the same epoch. Pass the "
                              "same options at every call.")
-        running.add(value.double(), weight)
+        running.add(value, weight)
 
-    def _record_epoch_value(self, name: str, value: torch.Tensor) -> None:
+    def _record_epoch_value(self, name: str, value: Any) -> None:
         metrics = self.trainer.state.raw_metrics
-        metrics[name] = value.float()
+        metrics[name] = float(value)
         self.epoch_names.append(name)
         if name.endswith("_epoch"):
             metrics[name[:-len("_epoch")]] = metrics[name]
@@ -233,29 +251,28 @@ class MetricLog:
             if not group:
                 continue
             if fx == "mean" and running is not None:
-                packed = torch.tensor([[float(running[n].value), running[n].weight] for n in group],
+                packed = torch.tensor([[running[n].value or 0.0, running[n].weight] for n in group],
                                       dtype=torch.float64, device=acc.device)
-                total = acc.reduce(packed, reduction="sum")
-                for i, name in enumerate(group):
-                    values[name] = total[i, 0] / total[i, 1]
+                total = acc.reduce(packed, reduction="sum").tolist()
+                for name, (weighted, weight) in zip(group, total):
+                    values[name] = weighted / weight
                 continue
-            packed = torch.stack([values[n].double().reshape(()).to(acc.device) for n in group])
+            packed = torch.stack([torch.as_tensor(values[n], dtype=torch.float64).reshape(()).to(acc.device)
+                                  for n in group])
             reduced = acc.reduce(packed, reduction=fx)
             for i, name in enumerate(group):
                 values[name] = reduced[i]
 
 
-def _identity(fx: str, device: torch.device) -> torch.Tensor:
-    """What a process without a value contributes to a reduction: nothing."""
-    fill = {"max": float("-inf"), "min": float("inf")}.get(fx, 0.0)
-    return torch.tensor(fill, dtype=torch.float64, device=device)
-
-
 def _scalar(name: str, value: Any) -> torch.Tensor:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """`value` as a detached 0-d tensor (a number becomes one on the CPU)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:  # the usual case, a loss: no reshape on the per-step path
+            return value.detach()
+        if value.numel() == 1:
+            return value.detach().reshape(())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value))
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.reshape(())
     raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "
                      f"{short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). Log a "
                      "scalar such as loss or acc.mean(); for a torchmetrics Metric, log metric.compute().")

@@ -140,16 +140,21 @@ class TrainModule(LifecycleHooks, nn.Module):
             raise RuntimeError(f"{type(self).__name__}.log({name!r}, ...) needs a running Trainer: call it "
                                "from training_step, validation_step or test_step while the Trainer runs the module "
                                "(fit, validate, test or predict).")
-        unsupported = {"enable_graph=True": (enable_graph, "logged values are detached; log loss.detach()"),
-                       "sync_dist_group": (sync_dist_group is not None, "sync_dist reduces over every process"),
-                       "metric_attribute": (metric_attribute is not None, "log metric.compute() as a number"),
-                       "rank_zero_only=True": (rank_zero_only, "call self.log on every process")}
-        for option, (given, fix) in unsupported.items():
-            if given:
-                raise ValueError(f"{type(self).__name__}.log({name!r}, ..., {option}...): fittrain does not support "
-                                 f"this option of Lightning's; {fix}.")
-        trainer.record(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
-                       reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size)
+        if enable_graph or sync_dist_group is not None or metric_attribute is not None or rank_zero_only:
+            self._refuse_log_option(name, enable_graph, sync_dist_group, metric_attribute)
+        trainer.logged.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+
+    def _refuse_log_option(self, name: str, enable_graph: bool, sync_dist_group: Any, metric_attribute: Any) -> None:
+        if enable_graph:
+            option, fix = "enable_graph=True", "logged values are detached; log loss.detach()"
+        elif sync_dist_group is not None:
+            option, fix = "sync_dist_group", "sync_dist reduces over every process"
+        elif metric_attribute is not None:
+            option, fix = "metric_attribute", "log metric.compute() as a number"
+        else:
+            option, fix = "rank_zero_only=True", "call self.log on every process"
+        raise ValueError(f"{type(self).__name__}.log({name!r}, ..., {option}...): fittrain does not support this "
+                         f"option of Lightning's; {fix}.")
 
     def log_dict(self, dictionary: dict[str, Any], **options: Any) -> None:
         """`self.log(name, value, **options)` for each item (Lightning's `log_dict`); with `sync_dist`,

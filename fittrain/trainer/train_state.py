@@ -63,10 +63,12 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """The JSON-safe part of the state, for checkpoints."""
+        for running in self.epoch_logs.values():
+            running.fold()
         return {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
                 "should_stop": self.should_stop, "metrics": self.metrics,
                 # float64 values and weights: exact, so a resumed epoch ends with the same reductions
-                "epoch_logs": {name: [r.reduce_fx, r.sync, float(r.value), r.weight]
+                "epoch_logs": {name: [r.reduce_fx, r.sync, r.value, r.weight]
                                for name, r in self.epoch_logs.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -74,5 +76,5 @@ class TrainState:
         self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
         self.batch_idx, self.should_stop = int(state["batch_idx"]), bool(state["should_stop"])
         self.raw_metrics = LazyMetrics(state["metrics"])
-        self.epoch_logs = {name: Running(fx, bool(sync), torch.tensor(value, dtype=torch.float64), float(weight))
+        self.epoch_logs = {name: Running(fx, bool(sync), None if value is None else float(value), float(weight))
                            for name, (fx, sync, value, weight) in state.get("epoch_logs", {}).items()}

@@ -164,7 +164,7 @@ def test_an_interrupted_epoch_ends_with_the_same_epoch_value(tmp_path):
     resumed = Trainer(max_epochs=2, project_dir=tmp_path / "cut", resume_from="latest", enable_progress_bar=False,
                       callbacks=[Checkpointer(every_n_steps=1)])
     resumed.fit(Logs(on_epoch=True), make_loader())  # resumes after the first batch of epoch 2
-    assert torch.equal(resumed.state.raw_metrics["a_epoch"], whole)
+    assert resumed.state.raw_metrics["a_epoch"] == whole  # the same float64 fold, cut or not
 
 
 @pytest.mark.parametrize("where, options, message", [
