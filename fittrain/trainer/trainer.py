@@ -189,7 +189,7 @@ class Trainer:
                                                          (val_loader, val_dataloaders), datamodule)
         check_fit_inputs(module, train_loader, val_loader)
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
-        self.module, self.state, self.logged = module, TrainState(), MetricLog(self)
+        self.module, self.state, self.logged, self.batch = module, TrainState(), MetricLog(self), None
         module.attach(self)
         self.events.use_module_hooks(hooks)
         fire, state = self._fire, self.state
