@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fittrain import DataModule, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
+from support.models import Regressor
 
 
-class Linear(TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
-
-    def validation_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
+class Linear(Regressor):
+    """The shared regressor, predicting from a batch's inputs."""
 
     def predict_step(self, batch):
         return self(batch[0])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class Numbers(DataModule):

@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Trainer, TrainModule
+from fittrain import Trainer
 from fittrain.callbacks import Checkpointer, Logger, ProgressBar
-
-
-def make_loader(n: int = 8) -> DataLoader:
-    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
-    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
-
-
-class Linear(TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def training_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def validation_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+from support.models import Regressor, regression_loader
 
 
 def test_a_fit_without_callbacks_shows_progress_and_says_where_things_went(tmp_path, capsys):
     trainer = Trainer(max_epochs=2, project_dir=tmp_path, run_name="demo", callbacks=[Checkpointer(every_n_epochs=1)])
-    trainer.fit(Linear(), make_loader(), make_loader())
+    trainer.fit(Regressor(), regression_loader(n=8), regression_loader(n=8))
     shown = capsys.readouterr()
     assert "Epoch 0" in shown.err and "Epoch 1" in shown.err  # the bars
     assert (f"Training run 'demo': checkpoints in {tmp_path / 'checkpoints' / 'demo'}; no logs (add "
@@ -45,14 +21,14 @@ def test_a_fit_without_callbacks_shows_progress_and_says_where_things_went(tmp_p
 
 
 def test_without_a_checkpointer_the_start_line_says_how_to_save(tmp_path, capsys):
-    Trainer(project_dir=tmp_path, run_name="plain").fit(Linear(), make_loader())
+    Trainer(project_dir=tmp_path, run_name="plain").fit(Regressor(), regression_loader(n=8))
     assert ("Training run 'plain': no checkpoints (add fittrain.callbacks.Checkpointer to save them); "
             "no logs (add fittrain.callbacks.Logger to write them).") in capsys.readouterr().out
 
 
 def test_enable_progress_bar_false_shows_and_prints_nothing_a_loggers_bars_included(tmp_path, capsys):
     trainer = Trainer(project_dir=tmp_path, enable_progress_bar=False, callbacks=[Logger(log_with=[])])
-    trainer.fit(Linear(), make_loader())
+    trainer.fit(Regressor(), regression_loader(n=8))
     assert capsys.readouterr() == ("", "")
     assert not any(isinstance(cb, ProgressBar) for cb in trainer.callbacks)
 
@@ -65,7 +41,7 @@ def test_a_callback_that_draws_progress_gets_no_second_bar(tmp_path, given):
 
 
 def test_a_loggers_bar_says_where_its_logs_go(tmp_path, capsys):
-    Trainer(project_dir=tmp_path, run_name="logged", callbacks=[Logger()]).fit(Linear(), make_loader())
+    Trainer(project_dir=tmp_path, run_name="logged", callbacks=[Logger()]).fit(Regressor(), regression_loader(n=8))
     shown = capsys.readouterr().out
     assert f"logs in {tmp_path / 'logs' / 'logged'}." in shown and "Fit done: 1 epoch(s)" in shown
     assert (tmp_path / "logs" / "logged").is_dir()

@@ -9,41 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Callback, Trainer, TrainModule
+from fittrain import Callback, Trainer
 from fittrain.callbacks import Checkpointer, EarlyStop
 from fittrain.trainer.events import EVENT_NAMES
 from fittrain.trainer.module_hooks import MODULE_HOOKS, bind_module_hooks
+from support.models import Regressor, regression_loader
 
 
-def make_loader(n: int = 8, batch_size: int = 4) -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=g)
-    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch_size)
-
-
-class Linear(TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(3, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
-
-    def validation_step(self, batch):
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
+class Linear(Regressor):
+    """The shared regressor, predicting from a batch's inputs."""
 
     def predict_step(self, batch):
         return self(batch[0])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 def _describe(value):
@@ -92,14 +70,14 @@ def test_a_modules_epoch_end_hooks_are_called_once_per_epoch(tmp_path):
             self.validations_ended += 1
 
     module = Counting()
-    Trainer(max_epochs=2, project_dir=tmp_path).fit(module, make_loader(), make_loader())
+    Trainer(max_epochs=2, project_dir=tmp_path).fit(module, regression_loader(n=8), regression_loader(n=8))
     assert (module.train_epochs_ended, module.validations_ended) == (2, 2)
 
 
 def test_module_hooks_get_lightnings_arguments_and_run_before_the_callbacks(tmp_path):
     log: list = []
     Trainer(callbacks=[CallbackRecorder(log)], max_epochs=1, gradient_accumulation_steps=2,
-            project_dir=tmp_path).fit(Recording(log), make_loader(n=8, batch_size=4), make_loader(n=4, batch_size=4))
+            project_dir=tmp_path).fit(Recording(log), regression_loader(n=8), regression_loader(n=4))
     batch = [["tensor(4, 3)", "tensor(4, 1)"]]
 
     def both(name, *args):
@@ -127,8 +105,8 @@ def test_test_and_predict_fire_the_modules_hooks_with_each_batch(tmp_path):
     log: list = []
     trainer = Trainer(project_dir=tmp_path)
     module = Recording(log)
-    trainer.test(module, make_loader(n=4, batch_size=4))
-    trainer.predict(module, make_loader(n=4, batch_size=4))
+    trainer.test(module, regression_loader(n=4, batch_size=4))
+    trainer.predict(module, regression_loader(n=4, batch_size=4))
     batch = [["tensor(4, 3)", "tensor(4, 1)"]]
     assert log == [("module", "on_test_start", []), ("module", "on_test_epoch_start", []),
                    ("module", "on_test_batch_start", [*batch, 0]),
@@ -154,7 +132,7 @@ def test_a_metric_logged_in_on_validation_epoch_end_is_what_early_stop_and_the_c
     stop = EarlyStop(monitor="score", mode="max", patience=2)
     keeper = Checkpointer(every_n_epochs=1, monitor="score", mode="max", save_top_k=1)
     trainer = Trainer(callbacks=[stop, keeper], max_epochs=5, project_dir=tmp_path)
-    trainer.fit(Scored(), make_loader(), make_loader())
+    trainer.fit(Scored(), regression_loader(n=8), regression_loader(n=8))
     assert trainer.state.epoch == 4  # best at epoch 1, then two without improvement
     assert trainer.best_score == pytest.approx(0.9)
 
@@ -178,10 +156,11 @@ def test_a_module_keeps_its_own_entries_in_checkpoints_and_gets_them_back_on_res
             self.seen = checkpoint["seen"]
 
     first = Keeping()
-    Trainer(callbacks=[Checkpointer(every_n_epochs=1)], max_epochs=1, project_dir=tmp_path).fit(first, make_loader())
+    Trainer(callbacks=[Checkpointer(every_n_epochs=1)], max_epochs=1, project_dir=tmp_path).fit(
+        first, regression_loader(n=8))
     resumed = Keeping()
     Trainer(callbacks=[Checkpointer(every_n_epochs=1)], max_epochs=2, project_dir=tmp_path,
-            resume_from="latest").fit(resumed, make_loader())
+            resume_from="latest").fit(resumed, regression_loader(n=8))
     assert resumed.loaded["seen"] == 8 and torch.equal(resumed.loaded["scale"], torch.tensor([2.0]))
     assert resumed.seen == 16
 
@@ -192,7 +171,7 @@ def test_checkpoint_entries_a_checkpoint_cannot_load_back_fail_the_save_naming_t
             checkpoint["model"] = nn.Linear(1, 1)
 
     with pytest.raises(TypeError, match=r"Pickly\.on_save_checkpoint\(checkpoint\) put into checkpoint"):
-        Trainer(callbacks=[Checkpointer(every_n_epochs=1)], project_dir=tmp_path).fit(Pickly(), make_loader())
+        Trainer(callbacks=[Checkpointer(every_n_epochs=1)], project_dir=tmp_path).fit(Pickly(), regression_loader(n=8))
 
 
 def test_manual_optimization_hooks_receive_the_backward_loss_and_the_stepping_optimizer(tmp_path):
@@ -223,7 +202,7 @@ def test_manual_optimization_hooks_receive_the_backward_loss_and_the_stepping_op
         def on_before_optimizer_step(self, optimizer):
             seen.append(("step", self.optimizers().index(optimizer)))
 
-    Trainer(max_steps=1, project_dir=tmp_path).fit(TwoOptimizers(), make_loader(n=4))
+    Trainer(max_steps=1, project_dir=tmp_path).fit(TwoOptimizers(), regression_loader(n=4))
     assert seen == [("backward", True), ("step", 0), ("backward", True), ("step", 1)]
 
 
@@ -237,7 +216,7 @@ def test_an_on_method_that_is_no_hook_is_refused_before_anything_runs(tmp_path):
 
     with pytest.raises(ValueError, match=r"Typo defines on_validation_epoch_ends, which is not a TrainModule hook, "
                                          r"so it would never run\. Did you mean on_validation_epoch_end\?"):
-        Trainer(project_dir=tmp_path).fit(Typo(), make_loader())
+        Trainer(project_dir=tmp_path).fit(Typo(), regression_loader(n=8))
 
 
 def test_a_lightning_1_hook_name_points_to_its_successor(tmp_path):
@@ -246,7 +225,7 @@ def test_a_lightning_1_hook_name_points_to_its_successor(tmp_path):
             pass
 
     with pytest.raises(ValueError, match=r"on_epoch_end.*Did you mean on_train_epoch_end\?"):
-        Trainer(project_dir=tmp_path).validate(Old(), make_loader())
+        Trainer(project_dir=tmp_path).validate(Old(), regression_loader(n=8))
 
 
 def test_a_hook_whose_signature_cannot_take_its_arguments_is_refused_naming_both(tmp_path):
@@ -256,7 +235,7 @@ def test_a_hook_whose_signature_cannot_take_its_arguments_is_refused_naming_both
 
     with pytest.raises(TypeError, match=r"Lazy\.on_train_batch_end\(\) cannot take the arguments it is called "
                                         r"with: on_train_batch_end\(self, outputs, batch, batch_idx\)"):
-        Trainer(project_dir=tmp_path).fit(Lazy(), make_loader())
+        Trainer(project_dir=tmp_path).fit(Lazy(), regression_loader(n=8))
 
 
 def test_an_error_in_a_module_hook_names_it_and_reaches_on_exception(tmp_path):
@@ -273,7 +252,7 @@ def test_an_error_in_a_module_hook_names_it_and_reaches_on_exception(tmp_path):
 
     module = Failing()
     with pytest.raises(RuntimeError, match="boom") as caught:
-        Trainer(project_dir=tmp_path).fit(module, make_loader())
+        Trainer(project_dir=tmp_path).fit(module, regression_loader(n=8))
     assert "Raised in module Failing.on_train_epoch_start." in caught.value.__notes__
     assert module.exceptions == [caught.value]
 
