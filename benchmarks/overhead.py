@@ -76,6 +76,7 @@ from benchmarks.overhead_loops import (
     run_trainer,
     run_trainer_logger,
     run_trainer_logger_ckpt,
+    run_trainer_self_log,
     run_trainer_trackers_best,
 )
 from benchmarks.workload import (
@@ -118,6 +119,8 @@ CONTENDERS = (
               target={"prebuilt": 1.03, "batched": 1.03, "stream": 1.03}),
     Contender("fittrain Trainer.fit, no callbacks", run_trainer, modes=MODES,
               target={"loader": 1.05, "prebuilt": 1.05, "batched": 1.05, "stream": 1.05}),
+    Contender("Trainer.fit, self.log x3 (step+epoch, prog_bar), default bar", run_trainer_self_log,
+              target={"loader": 1.10, "prebuilt": 1.10}),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY})", run_trainer_logger,
               target={"loader": 1.10, "prebuilt": 1.10}, needs=("fittrain.callbacks:Logger",)),
     Contender(f"Trainer.fit + Logger({LOGGER_EVERY}) + Checkpointer({CHECKPOINT_EVERY})", run_trainer_logger_ckpt,

@@ -23,6 +23,7 @@ from benchmarks.workload import (
     Batch,
     RunResult,
     TimedList,
+    TinyMLP,
     Workload,
     cycle,
     result,
@@ -65,14 +66,16 @@ def run_accelerator(work: Workload, mode: str) -> RunResult:
     return result(clock, start, work)
 
 
-def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]], progress: bool = True) -> RunResult:
+def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]], progress: bool = True,
+         module_class: type[TinyMLP] = TinyMLP) -> RunResult:
     """Times one `Trainer.fit` in a throwaway project folder (logs and checkpoints go there)."""
     clock = work.clock()
     project = tempfile.mkdtemp(prefix="fittrain-bench-")
     try:
         trainer = Trainer(callbacks=make_callbacks(), max_steps=work.steps, project_dir=project,
                           enable_progress_bar=progress)
-        module = work.model()
+        module = module_class()
+        module.load_state_dict(work.init_state)  # the shared initial weights, as work.model() gives
         loader = work.source(mode, clock)
         # The progress bar (stderr) and its start and end lines (stdout) would flood the table; a real
         # terminal costs more, not less.
@@ -87,6 +90,22 @@ def _fit(work: Workload, mode: str, make_callbacks: Callable[[], list[Any]], pro
 def run_trainer(work: Workload, mode: str) -> RunResult:
     """`Trainer.fit` with no callbacks: the loop alone, without the default progress bar either."""
     return _fit(work, mode, list, progress=False)
+
+
+class LoggingMLP(TinyMLP):
+    """TinyMLP logging three metrics a step as Lightning programs do: step and epoch values, on the bar."""
+
+    def training_step(self, batch: Batch) -> torch.Tensor:
+        loss = super().training_step(batch)
+        for name in ("loss_a", "loss_b", "loss_c"):
+            self.log(name, loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+
+def run_trainer_self_log(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` with the default progress bar, the module logging 3 metrics a step
+    (`on_step=True, on_epoch=True, prog_bar=True`)."""
+    return _fit(work, mode, list, module_class=LoggingMLP)
 
 
 def run_trainer_logger(work: Workload, mode: str) -> RunResult:
