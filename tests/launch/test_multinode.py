@@ -77,7 +77,16 @@ def _together(commands: list[tuple[list[str], dict[str, str] | None]], expect: l
             _wait_for_files(files, [jobs[i] for i in targets])
             for i in targets:
                 jobs[i].kill(signal.SIGUSR1)  # the launcher only: it must pass it on
-        done = [job.wait(expect=None) for job in jobs]
+        done = []
+        for job in jobs:
+            try:
+                done.append(job.wait(expect=None))
+            except pytest.fail.Exception as failure:  # past its deadline: show what every node printed
+                for other in jobs:
+                    other.kill_group()
+                outputs = "\n".join(f"--- node {i} (exit {other.returncode}):\n{other.output[-3000:]}"
+                                    for i, other in enumerate(jobs))
+                pytest.fail(f"{str(failure).splitlines()[0]}\nEvery node's output:\n{outputs}")
     finally:
         for job in jobs:
             job.kill_group()
