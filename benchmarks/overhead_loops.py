@@ -92,6 +92,11 @@ def run_trainer(work: Workload, mode: str) -> RunResult:
     return _fit(work, mode, list, progress=False)
 
 
+def run_trainer_default_bar(work: Workload, mode: str) -> RunResult:
+    """`Trainer.fit` as it comes: no callbacks, the default progress bar."""
+    return _fit(work, mode, list)
+
+
 class LoggingMLP(TinyMLP):
     """TinyMLP logging three metrics a step as Lightning programs do: step and epoch values, on the bar."""
 
