@@ -22,6 +22,7 @@ import dataclasses
 import importlib.util
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -67,8 +68,24 @@ class Finished:
         return self
 
 
+#: Each xdist worker takes rendezvous ports from a band of its own, below Linux's ephemeral range
+#: (32768-60999, where the OS picks the ports of bind(0) and of outgoing connections): between
+#: `free_port` and the launcher's bind, no other worker's job, nor any connection, is handed that
+#: port. Eight bands (tests/conftest.py's MAX_WORKERS) end below 32768.
+_PORT_BAND_START, _PORT_BAND_SIZE = 20000, 1500
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port that was free a moment ago, from this xdist worker's band (the OS's choice when
+    the band has none free)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    start = _PORT_BAND_START + _PORT_BAND_SIZE * (int(worker) if worker.isdigit() else 0)
+    pick = random.SystemRandom()  # not the seeded global generator: tests seed it alike
+    for _ in range(100):
+        port = pick.randrange(start, start + _PORT_BAND_SIZE)
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
