@@ -69,10 +69,11 @@ class Finished:
 
 
 #: Each xdist worker takes rendezvous ports from a band of its own, below Linux's ephemeral range
-#: (32768-60999, where the OS picks the ports of bind(0) and of outgoing connections): between
-#: `free_port` and the launcher's bind, no other worker's job, nor any connection, is handed that
-#: port. Eight bands (tests/conftest.py's MAX_WORKERS) end below 32768.
-_PORT_BAND_START, _PORT_BAND_SIZE = 20000, 1500
+#: (32768-60999, where the OS picks the ports of bind(0) and of outgoing connections) and above the
+#: ports SLURM jobs derive from their ids (fittrain.distributed.slurm: 15000-24999, which the SLURM
+#: tests use): between `free_port` and the launcher's bind, no other worker's job, nor any
+#: connection, is handed that port. Eight bands (tests/conftest.py's MAX_WORKERS) end below 32768.
+_PORT_BAND_START, _PORT_BAND_SIZE = 25000, 900
 
 
 def free_port() -> int:
