@@ -22,6 +22,7 @@ from fittrain.distributed.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from fittrain.step.compile import check_compile, use_compile
 from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.callback_states import CallbackStates
+from fittrain.trainer.ckpt_path import restore_for_evaluation
 from fittrain.trainer.datamodule import DataModule, DataStages
 from fittrain.trainer.evaluation import (
     Evaluation,
@@ -275,7 +276,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- evaluation (fittrain/trainer/evaluation.py)
     def validate(self, module: TrainModule, loader: Any = None, *, dataloaders: Any = None,
-                 datamodule: DataModule | None = None) -> dict[str, float]:
+                 datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> dict[str, float]:
         """Runs `validation_step` over `loader` and returns the averaged metrics.
 
         The loader may be given as Lightning's `dataloaders=`, or come from `datamodule=`
@@ -289,6 +290,7 @@ class Trainer:
         try:
             check_inputs("validate", module, loader)
             self._use_module(module)
+            restore_for_evaluation(self, ckpt_path, "validate")
             return self._validate(self.evaluation.prepare_loader(loader))
         finally:
             self.data.end("validate")
@@ -304,7 +306,7 @@ class Trainer:
         return results
 
     def test(self, module: TrainModule, loader: Any = None, *, dataloaders: Any = None,
-             datamodule: DataModule | None = None) -> dict[str, float]:
+             datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> dict[str, float]:
         """Runs `test_step` (without one: `validation_step`) over `loader`, after `fit` or without it.
 
         Returns the metrics averaged over every sample of every process, as validation does,
@@ -324,6 +326,7 @@ class Trainer:
             check_inputs("test", module, loader)
             method = pick_test_method(module)
             self._use_module(module)
+            restore_for_evaluation(self, ckpt_path, "test")
             loader = self.evaluation.prepare_loader(loader)
             with self.evaluation.loop():
                 self._fire(Event.TEST_START)
@@ -336,7 +339,7 @@ class Trainer:
             self.data.end("test")
 
     def predict(self, module: TrainModule, loader: Any = None, all_processes: bool = False, *, dataloaders: Any = None,
-                datamodule: DataModule | None = None) -> Any:
+                datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> Any:
         """Runs `predict_step` (by default `module(batch)`) over `loader`, after `fit` or without it.
 
         Returns every sample's output once, in the loader's order, on the CPU of the main process:
@@ -358,6 +361,7 @@ class Trainer:
             check_inputs("predict", module, loader)
             check_predictable(module)
             self._use_module(module)
+            restore_for_evaluation(self, ckpt_path, "predict")
             loader = self.evaluation.prepare_loader(loader, even_batches=True)
             with self.evaluation.loop():
                 self._fire(Event.PREDICT_START)
