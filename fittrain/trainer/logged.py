@@ -118,6 +118,8 @@ class MetricLog:
         self._pending: dict[str, str] = {}  # step values to reduce across processes after the batch: name -> fx
         self._in_batch = False
         self._batch_weight: float | None = None  # the training batch's size, found at its first on_epoch value
+        # A training batch's self.log options, checked once: (name, options) -> what `_plan` returns.
+        self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], str | None, str]] = {}
 
     # ----------------------------------------------------------------- the loop's calls
     def start_batch(self) -> None:
@@ -163,7 +165,61 @@ class MetricLog:
         Raises:
             ValueError: for an option the place of the call cannot honour, or a value that is not a scalar.
         """
-        fx = reduce_fx if reduce_fx in REDUCTIONS else check_reduce_fx(reduce_fx)
+        trainer = self.trainer
+        if trainer.batch is None or trainer.evaluation.running:
+            self._log_elsewhere(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+            return
+        # In a training batch, the per-step path: the options are checked once per (name, options), and
+        # a repeated call is a few dict stores and a list append.
+        key = (name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+        try:
+            plan = self._plans[key]
+        except (KeyError, TypeError):  # a TypeError: an unhashable option, which _plan refuses by name
+            plan = self._plan(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
+            self._plans[key] = plan
+        step_names, epoch_name, fx = plan
+        # A 0-d tensor (a loss) is the usual value: detached here, without a call.
+        value = value.detach() if type(value) is torch.Tensor and not value.ndim else _scalar(name, value)
+        if step_names:
+            metrics = trainer.state.raw_metrics
+            for step_name in step_names:  # name_step and name, or name
+                metrics[step_name] = value
+            if sync_dist:
+                self._sync_step_value(step_names[0], fx)
+        if epoch_name is not None:
+            if batch_size is not None:
+                weight = float(batch_size)
+            elif self._batch_weight is None:
+                weight = self._batch_weight = _batch_weight(trainer.batch)
+            else:
+                weight = self._batch_weight
+            running = trainer.state.epoch_logs.get(epoch_name)
+            if running is None or running.reduce_fx != fx or running.sync != sync_dist:
+                running = self._start_running(epoch_name, running, fx, sync_dist)
+            running.pending.append((value, weight))
+
+    def _plan(self, name: str, prog_bar: bool, logger: bool, on_step: bool | None, on_epoch: bool | None,
+              reduce_fx: Any, sync_dist: bool) -> tuple[tuple[str, ...], str | None, str]:
+        """Checks a training batch's options once and sets their flags: (the names a step value is
+        recorded under, the epoch value's name or None, the reduction)."""
+        fx = check_reduce_fx(reduce_fx)
+        step = True if on_step is None else bool(on_step)
+        epoch = bool(on_epoch)
+        _refuse(name, not (step or epoch), "on_step=False and on_epoch=False record nothing: set one of them")
+        step_name, epoch_name = (f"{name}_step", f"{name}_epoch") if step and epoch else (name, name)
+        if step and epoch:
+            self.hidden.add(name)  # the trackers get name_step and name_epoch, as Lightning's loggers do
+        if step:
+            self._flags(step_name, prog_bar, logger)
+        if epoch:
+            self._flags(epoch_name, prog_bar, logger)
+        step_names = ((step_name, name) if step_name != name else (name,)) if step else ()
+        return step_names, epoch_name if epoch else None, fx
+
+    def _log_elsewhere(self, name: str, value: Any, prog_bar: bool, logger: bool, on_step: bool | None,
+                       on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, batch_size: int | None) -> None:
+        """`self.log` outside a training batch: a loop mean in evaluation, else the value itself."""
+        fx = check_reduce_fx(reduce_fx)
         value = _scalar(name, value)
         trainer = self.trainer
         averager = trainer.evaluation.averager
@@ -174,29 +230,12 @@ class MetricLog:
             self._flags(name, prog_bar, logger)
             averager.log(name, value, batch_size)
             return
-        if trainer.batch is None or trainer.evaluation.running:  # not in a training batch: recorded as it is
-            _refuse(name, on_step is True, "outside a training batch (an epoch hook) there is no step to log at: "
-                                           "leave on_step at its default")
-            if sync_dist:
-                value = trainer.accelerator.reduce(value, reduction=fx)
-            self._flags(name, prog_bar, logger)
-            trainer.state.raw_metrics[name] = value
-            return
-        step = True if on_step is None else bool(on_step)
-        epoch = bool(on_epoch)
-        _refuse(name, not (step or epoch), "on_step=False and on_epoch=False record nothing: set one of them")
-        step_name, epoch_name = (f"{name}_step", f"{name}_epoch") if step and epoch else (name, name)
-        if step and epoch:
-            self.hidden.add(name)  # the trackers get name_step and name_epoch, as Lightning's loggers do
-        if step:
-            self._flags(step_name, prog_bar, logger)
-            self._record_step_value(step_name, value, fx if sync_dist else None)
-        if epoch:
-            self._flags(epoch_name, prog_bar, logger)
-            if batch_size is None and self._batch_weight is None:
-                self._batch_weight = float(batch_size_of(trainer.batch) or 1)
-            self._accumulate(epoch_name, value, fx, sync_dist,
-                             self._batch_weight if batch_size is None else float(batch_size))
+        _refuse(name, on_step is True, "outside a training batch (an epoch hook) there is no step to log at: "
+                                       "leave on_step at its default")
+        if sync_dist:
+            value = trainer.accelerator.reduce(value, reduction=fx)
+        self._flags(name, prog_bar, logger)
+        trainer.state.raw_metrics[name] = value
 
     # ----------------------------------------------------------------- helpers
     def _flags(self, name: str, prog_bar: bool, logger: bool) -> None:
@@ -205,27 +244,22 @@ class MetricLog:
         if not logger:
             self.hidden.add(name)
 
-    def _record_step_value(self, name: str, value: torch.Tensor, sync_fx: str | None) -> None:
-        metrics = self.trainer.state.raw_metrics
-        metrics[name] = value
-        if name.endswith("_step"):
-            metrics[name[:-len("_step")]] = value
-        if sync_fx is not None:
-            if self._in_batch:
-                self._pending[name] = sync_fx
-            else:  # after the batch's reduction (on_train_batch_end): reduced now
-                self._reduce_into_metrics({name: sync_fx})
+    def _sync_step_value(self, name: str, fx: str) -> None:
+        """Reduces a sync_dist step value across processes: with the batch's others after its optimization,
+        or at once when logged after that (in on_train_batch_end)."""
+        if self._in_batch:
+            self._pending[name] = fx
+        else:
+            self._reduce_into_metrics({name: fx})
 
-    def _accumulate(self, name: str, value: torch.Tensor, fx: str, sync: bool, weight: float) -> None:
-        logs = self.trainer.state.epoch_logs
-        running = logs.get(name)
-        if running is None:
-            running = logs[name] = Running(fx, sync)
-        elif running.reduce_fx != fx or running.sync != sync:
+    def _start_running(self, name: str, running: Running | None, fx: str, sync: bool) -> Running:
+        """The epoch's first value of `name`: its running reduction; other options than before are refused."""
+        if running is not None:
             raise ValueError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r}, sync_dist={sync} after "
                              f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync} in the same epoch. Pass the "
                              "same options at every call.")
-        running.add(value, weight)
+        running = self.trainer.state.epoch_logs[name] = Running(fx, sync)
+        return running
 
     def _record_epoch_value(self, name: str, value: Any) -> None:
         metrics = self.trainer.state.raw_metrics
@@ -239,7 +273,9 @@ class MetricLog:
         values = {name: metrics[name] for name in names}
         self._reduce(values, names, None)
         for name, value in values.items():
-            self._record_step_value(name, value, None)
+            metrics[name] = value
+            if name.endswith("_step"):
+                metrics[name[:-len("_step")]] = value
 
     def _reduce(self, values: dict[str, torch.Tensor], names: dict[str, str],
                 running: dict[str, Running] | None) -> None:
@@ -276,6 +312,15 @@ def _scalar(name: str, value: Any) -> torch.Tensor:
     raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "
                      f"{short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). Log a "
                      "scalar such as loss or acc.mean(); for a torchmetrics Metric, log metric.compute().")
+
+
+def _batch_weight(batch: Any) -> float:
+    """The batch's size as an epoch mean's weight (1 for a batch without tensors): `batch_size_of`, with
+    the usual batch, a tensor or a tuple or list whose first item is one, read without a search."""
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch
+    if type(first) is torch.Tensor and first.ndim and first.shape[0]:
+        return float(first.shape[0])
+    return float(batch_size_of(batch) or 1)
 
 
 def _refuse(name: str, condition: bool, why: str) -> None:

@@ -33,3 +33,20 @@ def test_a_lightning_style_fit_runs_alike_on_both_ranks(tmp_path, strategy):
     for key, value in ranks[0]["weights"].items():
         if key in ranks[1]["weights"]:
             assert torch.equal(value, ranks[1]["weights"][key]), f"the ranks' weights differ at {key}"
+
+
+def test_sync_dist_costs_one_collective_per_logging_point(tmp_path):
+    """Issue 25: sync_dist reduces all of a logging point's values together. The same fit logs the same
+    values with and without sync_dist; the difference in collectives is one per logging point."""
+    synced, local = tmp_path / "synced", tmp_path / "local"
+    for out, sync in ((synced, "on"), (local, "off")):
+        out.mkdir()
+        run(forked(2, "lightning_worker.py", "--out", out, "--sync", sync)).check()
+    for with_sync, without in zip(read_results(synced, 2), read_results(local, 2)):
+        extra = {name: with_sync["collectives"][name] - without["collectives"][name]
+                 for name in with_sync["collectives"]}
+        # 2 epochs of 4 batches: each batch's two step values in one all_reduce (8), each epoch's
+        # running mean in one (2), and on_train_epoch_end's value in one (2). Nothing else moves.
+        batches, epoch_ends, epoch_hook_calls = 8, 2, 2
+        assert extra == {"all_reduce": batches + epoch_ends + epoch_hook_calls, "all_gather": 0,
+                         "all_gather_object": 0, "broadcast": 0, "broadcast_object_list": 0, "barrier": 0}

@@ -2,7 +2,8 @@
 
 A DataModule whose prepare_data appends this rank to DIR/prepared.txt (so the test can count the
 calls per node), a module with Lightning's step signatures and hooks. Saves, per rank, what the
-module saw and its final weights to DIR/rank{r}.pt.
+module saw, its final weights and how many collectives each torch.distributed function ran during
+the fit to DIR/rank{r}.pt. `--sync off` logs the same values without sync_dist, for a baseline.
 """
 
 from __future__ import annotations
@@ -39,9 +40,29 @@ class Numbers(DataModule):
         return DataLoader(self.val, batch_size=4)
 
 
+#: The torch.distributed calls fittrain makes (fittrain/distributed/collectives.py), counted during the fit.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier")
+
+
+def count_collectives() -> dict[str, int]:
+    """Wraps each of COLLECTIVES so that every call is counted, then runs (nothing else changes)."""
+    counts = dict.fromkeys(COLLECTIVES, 0)
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    for name in COLLECTIVES:
+        setattr(torch.distributed, name, counted(name, getattr(torch.distributed, name)))
+    return counts
+
+
 class Net(TrainModule):
-    def __init__(self) -> None:
+    def __init__(self, sync: bool = True) -> None:
         super().__init__()
+        self.sync = sync
         self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
         self.indices: list[int] = []
         self.epochs_ended = 0
@@ -52,8 +73,8 @@ class Net(TrainModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.indices.append(batch_idx)
         rank = float(self.trainer.accelerator.process_index)
-        self.log_dict({"rank_step": rank, "rank_step_too": 2 * rank}, sync_dist=True)  # one collective for both
-        self.log("rank_epoch", rank, on_step=False, on_epoch=True, sync_dist=True)
+        self.log_dict({"rank_step": rank, "rank_step_too": 2 * rank}, sync_dist=self.sync)  # one collective for both
+        self.log("rank_epoch", rank, on_step=False, on_epoch=True, sync_dist=self.sync)
         self.log("rank_local", rank)
         x, y = batch
         return nn.functional.mse_loss(self(x), y)
@@ -64,7 +85,7 @@ class Net(TrainModule):
 
     def on_train_epoch_end(self) -> None:
         self.epochs_ended += 1
-        self.log("rank_max", float(self.trainer.accelerator.process_index), sync_dist=True, reduce_fx="max")
+        self.log("rank_max", float(self.trainer.accelerator.process_index), sync_dist=self.sync, reduce_fx="max")
 
     def on_validation_epoch_end(self) -> None:
         self.log("epochs_so_far", float(self.current_epoch + 1))
@@ -77,15 +98,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--sync", choices=("on", "off"), default="on")
     args = parser.parse_args()
     torch.manual_seed(0)
-    module, data = Net(), Numbers(args.out)
+    module, data = Net(sync=args.sync == "on"), Numbers(args.out)
     trainer = Trainer(max_epochs=2, strategy=args.strategy, project_dir=str(args.out), enable_progress_bar=False)
+    counts = count_collectives()
     trainer.fit(module, datamodule=data)
+    counts = dict(counts)  # the fit's, not the saves' below
     rank = trainer.accelerator.process_index
     weights = {k: v.detach().clone() for k, v in trainer.accelerator.get_state_dict(trainer.model).items()}
     torch.save({"indices": module.indices, "epochs_ended": module.epochs_ended, "metrics": trainer.state.metrics,
-                "seen_prepared": data.seen_prepared, "weights": weights}, args.out / f"rank{rank}.pt")
+                "seen_prepared": data.seen_prepared, "weights": weights,
+                "collectives": counts}, args.out / f"rank{rank}.pt")
     trainer.accelerator.end_training()
 
 
