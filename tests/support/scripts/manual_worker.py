@@ -5,12 +5,14 @@ scheduler) trained with `automatic_optimization = False` under DDP or FSDP2, wit
 accumulation and GradClip. The noise comes with the data, so a 1-process run on the same global
 batches (the reference, run in the test process) computes the same gradients. Each rank saves to
 DIR/rank{r}.pt the final weights of an uninterrupted run and of a run resumed from its
-checkpoint after step 2.
+checkpoint after step 2. `--toggle` steps the generator inside `self.toggled_optimizer(opt_g)`, as
+Lightning's GAN example does, so its backward leaves the discriminator without gradients.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 from typing import Any
 
@@ -28,9 +30,10 @@ STEPS = 4
 class TinyGAN(TrainModule):
     """Generator and discriminator, stepped in turn; the discriminator runs three times a batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, toggle: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False
+        self.toggle = toggle
         self.generator = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 2))
         self.discriminator = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
 
@@ -46,11 +49,12 @@ class TinyGAN(TrainModule):
         self.manual_backward(d_loss)
         opt_d.step()
         sched_d.step()
-        g_loss = bce(self.discriminator(fake), ones)
-        opt_g.zero_grad()
-        self.manual_backward(g_loss)
-        opt_g.step()
-        sched_g.step()
+        with self.toggled_optimizer(opt_g) if self.toggle else contextlib.nullcontext():
+            g_loss = bce(self.discriminator(fake), ones)
+            opt_g.zero_grad()
+            self.manual_backward(g_loss)
+            opt_g.step()
+            sched_g.step()
         return g_loss
 
     def configure_optimizers(self) -> Any:
@@ -66,10 +70,10 @@ def data(n: int = 32) -> TensorDataset:
 
 
 def fit(batch_size: int, project_dir: str, strategy: str = "auto", resume_from: str | None = None,
-        mixed_precision: str = "no") -> dict[str, Any]:
+        mixed_precision: str = "no", toggle: bool = False) -> dict[str, Any]:
     """STEPS optimizer steps (accumulation 2), saving a checkpoint after every second step."""
     torch.manual_seed(0)
-    module = TinyGAN()
+    module = TinyGAN(toggle)
     accelerator = Accelerator(gradient_accumulation_steps=2, strategy=strategy, mixed_precision=mixed_precision,
                               project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True))
     trainer = Trainer(max_steps=STEPS, accelerator=accelerator, resume_from=resume_from,
@@ -87,9 +91,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--strategy", required=True)
+    parser.add_argument("--toggle", action="store_true")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
-    result = fit(batch_size=4, project_dir=str(out / "run"), strategy=args.strategy)
+    result = fit(batch_size=4, project_dir=str(out / "run"), strategy=args.strategy, toggle=args.toggle)
     result["resumed"] = fit(batch_size=4, project_dir=str(out / "resumed"), strategy=args.strategy,
-                            resume_from=str(run_folder(out / "run") / "checkpoint_0"))
+                            resume_from=str(run_folder(out / "run") / "checkpoint_0"), toggle=args.toggle)
     torch.save(result, out / f"rank{result['rank']}.pt")
