@@ -1,0 +1,162 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Adapted from Lightning-AI/pytorch-lightning, examples/pytorch/basics/autoencoder.py at commit
+# 7f0c3436cd3f6ad3753125672024fc415cbcb414 (the file as last changed in 1b26ac4c), for
+# tests/lightning/test_lightning_examples.py: it runs this program on Lightning as it is, and on fittrain
+# with `lightning.pytorch` rewritten to `fittrain.lightning` in the import lines and nowhere else.
+# What was changed, and why:
+# - MNIST (downloaded) -> `generated_mnist`: seeded random 1x28x28 images in [0, 1] with labels 0-9, the
+#   shapes and types torchvision's MNIST with ToTensor() gives, 384 training and 64 test images instead of
+#   60000 and 10000 (random_split [55000, 5000] -> [320, 64]), so that a run takes seconds offline.
+# - LightningCLI (out of fittrain.lightning's scope) -> the same module, datamodule and Trainer built
+#   explicitly: seed_everything(1234) first (the CLI's seed_everything_default), max_epochs=2 instead of
+#   the CLI default 10, and accelerator="cpu", devices=--devices, strategy="ddp" for 2 devices; no
+#   config.yaml is saved (the CLI's SaveConfigCallback).
+# - ImageSampler removed: it only saves torchvision image grids (it raises without torchvision), and with
+#   it the imports it alone needed (rank_zero_only, _TORCHVISION_AVAILABLE, torchvision); cli_lightning_logo
+#   removed.
+# - Added at the end: `write_metrics`, this process's final metrics as JSON for the comparison.
+# ruff: noqa: I001  (upstream's import grouping kept as it is)
+"""MNIST autoencoder example.
+
+To run: python autoencoder.py --devices 1 --out DIR
+
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset, random_split
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+
+
+def generated_mnist(train: bool) -> TensorDataset:
+    """Stands in for MNIST(..., transform=ToTensor()): (1x28x28 float image in [0, 1], int label) pairs. The
+    label is the brightest of 10 pixel bands, so that it can be learnt; its own generator, as a file on disk
+    would be, leaves the global random state alone."""
+    generator = torch.Generator().manual_seed(0 if train else 1)
+    n = 384 if train else 64
+    images = torch.rand(n, 1, 28, 28, generator=generator)
+    labels = images.view(n, -1)[:, :780].view(n, 10, 78).sum(-1).argmax(1)
+    return TensorDataset(images, labels)
+
+
+class LitAutoEncoder(LightningModule):
+    """
+    >>> LitAutoEncoder()  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    LitAutoEncoder(
+      (encoder): ...
+      (decoder): ...
+    )
+    """
+
+    def __init__(self, hidden_dim: int = 64, learning_rate=10e-3):
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = nn.Sequential(nn.Linear(28 * 28, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 3))
+        self.decoder = nn.Sequential(nn.Linear(3, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 28 * 28))
+
+    def forward(self, x):
+        z = self.encoder(x)
+        return self.decoder(z)
+
+    def training_step(self, batch, batch_idx):
+        return self._common_step(batch, batch_idx, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._common_step(batch, batch_idx, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._common_step(batch, batch_idx, "test")
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=None):
+        x = self._prepare_batch(batch)
+        return self(x)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.learning_rate)
+
+    def _prepare_batch(self, batch):
+        x, _ = batch
+        return x.view(x.size(0), -1)
+
+    def _common_step(self, batch, batch_idx, stage: str):
+        x = self._prepare_batch(batch)
+        loss = F.mse_loss(x, self(x))
+        self.log(f"{stage}_loss", loss, on_step=True)
+        return loss
+
+
+class MyDataModule(LightningDataModule):
+    def __init__(self, batch_size: int = 32):
+        super().__init__()
+        dataset = generated_mnist(train=True)
+        self.mnist_test = generated_mnist(train=False)
+        self.mnist_train, self.mnist_val = random_split(dataset, [320, 64], generator=torch.Generator().manual_seed(42))
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        return DataLoader(self.mnist_train, batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return DataLoader(self.mnist_val, batch_size=self.batch_size)
+
+    def test_dataloader(self):
+        return DataLoader(self.mnist_test, batch_size=self.batch_size)
+
+    def predict_dataloader(self):
+        return DataLoader(self.mnist_test, batch_size=self.batch_size)
+
+
+def cli_main(args):
+    seed_everything(1234)
+    model = LitAutoEncoder()
+    datamodule = MyDataModule()
+    trainer = Trainer(max_epochs=2, accelerator="cpu", devices=args.devices,
+                      strategy="ddp" if args.devices > 1 else "auto")
+    trainer.fit(model, datamodule=datamodule)
+    fit_metrics = dict(trainer.callback_metrics)
+    test_metrics = trainer.test(ckpt_path="best", datamodule=datamodule)
+    predictions = trainer.predict(ckpt_path="best", datamodule=datamodule)
+    print(predictions[0])
+    write_metrics(args.out, trainer, model, fit_metrics, test_metrics, predictions)
+
+
+def write_metrics(out, trainer, model, fit_metrics, test_metrics, predictions):
+    """Writes this process's final metrics to OUT/rank{global_rank}.json (added for the comparison)."""
+    record = {
+        "fit_callback_metrics": {name: float(value) for name, value in fit_metrics.items()},
+        "final_callback_metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
+        "test": test_metrics,
+        "predict": {"batches": len(predictions), "first_shape": list(predictions[0].shape),
+                    "sum": float(torch.cat(predictions).double().sum())},
+        "global_step": trainer.global_step,
+        "current_epoch": trainer.current_epoch,
+        "weights_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
+    }
+    with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--out", default=".")
+    cli_main(parser.parse_args())

@@ -1,0 +1,152 @@
+"""Lightning's own example programs run on Lightning and, after the import change only, on fittrain.lightning.
+
+tests/lightning/examples/ holds four of Lightning's example programs (the autoencoder, the backbone image
+classifier, the GAN domain template and the boring model of its bug reports), adapted only so that they
+run offline in seconds; each file's header says where it came from and what was changed. Each program
+is run twice in fresh interpreters, on 1 process and on 2 (gloo, on the CPU):
+
+- on Lightning as it is. On 2 processes it is launched as Lightning launches itself: `python program.py
+  --devices 2`, and its Trainer(accelerator="cpu", devices=2, strategy="ddp") starts the second process;
+- on fittrain, with `lightning.pytorch` rewritten to `fittrain.lightning` in its import lines and nowhere
+  else (`port` checks that), with `lightning` made unimportable, on 2 processes under
+  `fittrain launch --num_processes 2` with the same Trainer arguments.
+
+Every process writes its final metrics to rank{global_rank}.json (`trainer.callback_metrics` after fit and
+after the last call, what `test` returned, a summary of `predict`'s outputs, global_step, current_epoch
+and the sum of the weights), and the two runs must agree, rank by rank, on every name and value.
+
+Tolerance: integers and names exactly; floats within a relative 1e-5 (absolute 1e-6 near zero). The two
+runs compute the same float32 steps in the same order (same seed, same batches, torch's DDP on both), so
+losses, weights and predictions agree bitwise. What may differ is how an epoch mean is accumulated:
+Lightning sums value * batch_size in float32 batch by batch, fittrain in float64; those roundings differ
+by a few float32 ulps (1e-7 relative). 1e-5 is far above that and far below what a real difference makes
+(one more or one fewer optimizer step, another batch or another shuffle moves these losses by 1e-3 or
+more).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import pathlib
+import re
+
+import pytest
+
+from support import jobs
+
+pytestmark = pytest.mark.subprocess
+
+EXAMPLES = pathlib.Path(__file__).parent / "examples"
+PROGRAMS = ("autoencoder", "backbone_image_classifier", "generative_adversarial_net", "bug_report_model")
+REL_TOL, ABS_TOL = 1e-5, 1e-6
+#: Each job imports torch and Lightning (or fittrain) and trains a few seconds; generous on a shared machine.
+TIMEOUT = 180.0
+
+_IMPORT = re.compile(r"^(from|import) lightning\.pytorch\b")
+
+
+def port(source: str) -> str:
+    """The program with `lightning.pytorch` replaced by `fittrain.lightning` in its import lines; fails the
+    test if the result still imports Lightning anywhere (the port would not be an import change only)."""
+    lines = source.splitlines(keepends=True)
+    ported = "".join(_IMPORT.sub(r"\1 fittrain.lightning", line) for line in lines)
+    assert ported != source, "the program imports nothing from lightning.pytorch"
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(ast.parse(ported)) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names]
+    left = [name for name in imported if name and name.split(".")[0] in ("lightning", "pytorch_lightning")]
+    assert not left, f"the port still imports {left}"
+    return ported
+
+
+def _no_lightning(folder: pathlib.Path) -> pathlib.Path:
+    """A folder with `lightning` and `pytorch_lightning` packages that refuse to import: first on the
+    fittrain run's PYTHONPATH, it makes sure that nothing in that run uses Lightning."""
+    for name in ("lightning", "pytorch_lightning"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(
+            f"raise ImportError('the fittrain run imported {name}: it must not use Lightning')\n")
+    return folder
+
+
+def run_lightning(name: str, nproc: int, workdir: pathlib.Path) -> dict[str, dict]:
+    """Runs the program on Lightning in `workdir`; returns each rank's record."""
+    workdir.mkdir()
+    env = jobs.job_env(MASTER_PORT=str(jobs.free_port()))  # Lightning's DDP on CPU rendezvous there
+    args = jobs.python_script(EXAMPLES / f"{name}.py", "--devices", nproc, "--out", workdir)
+    return _records(jobs.run(args, env=env, timeout=TIMEOUT, cwd=workdir).check(), workdir, nproc)
+
+
+def run_fittrain(name: str, nproc: int, workdir: pathlib.Path) -> dict[str, dict]:
+    """Runs the program, its imports rewritten to fittrain.lightning, in `workdir`; returns each rank's record."""
+    workdir.mkdir()
+    program = workdir / f"{name}.py"
+    program.write_text(port((EXAMPLES / f"{name}.py").read_text()))
+    env = jobs.job_env(PYTHONPATH=str(_no_lightning(workdir / "no_lightning")))
+    script_args = ("--devices", nproc, "--out", workdir)
+    args = (jobs.python_script(program, *script_args) if nproc == 1
+            else jobs.fittrain_launch(nproc, program, *script_args))
+    return _records(jobs.run(args, env=env, timeout=TIMEOUT, cwd=workdir).check(), workdir, nproc)
+
+
+def _records(finished: jobs.Finished, workdir: pathlib.Path, nproc: int) -> dict[str, dict]:
+    found = sorted(p.name for p in workdir.glob("rank*.json"))
+    expected = [f"rank{r}.json" for r in range(nproc)]
+    assert found == expected, f"ranks wrote {found}, expected {expected}:\n{finished.output[-4000:]}"
+    return {name: json.loads((workdir / name).read_text()) for name in found}
+
+
+def differences(lightning: object, fittrain: object, where: str = "") -> list[str]:
+    """Every place where the fittrain record differs from Lightning's: names, types, lengths, integers
+    exactly, floats within the stated tolerance."""
+    if isinstance(lightning, dict) and isinstance(fittrain, dict):
+        found = []
+        for key in sorted(set(lightning) | set(fittrain)):
+            if key not in fittrain:
+                found.append(f"{where}.{key}: missing on fittrain (Lightning: {lightning[key]!r})")
+            elif key not in lightning:
+                found.append(f"{where}.{key}: only on fittrain ({fittrain[key]!r})")
+            else:
+                found += differences(lightning[key], fittrain[key], f"{where}.{key}")
+        return found
+    if isinstance(lightning, list) and isinstance(fittrain, list) and len(lightning) == len(fittrain):
+        return [d for i, (a, b) in enumerate(zip(lightning, fittrain)) for d in differences(a, b, f"{where}[{i}]")]
+    if isinstance(lightning, float) and isinstance(fittrain, (float, int)) and not isinstance(fittrain, bool):
+        close = math.isclose(lightning, fittrain, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        return [] if close else [f"{where}: Lightning {lightning!r}, fittrain {fittrain!r}"]
+    if type(lightning) is not type(fittrain) or lightning != fittrain:
+        return [f"{where}: Lightning {lightning!r}, fittrain {fittrain!r}"]
+    return []
+
+
+def test_port_changes_the_import_lines_only() -> None:
+    for name in PROGRAMS:
+        source = (EXAMPLES / f"{name}.py").read_text()
+        changed = [(a, b) for a, b in zip(source.splitlines(), port(source).splitlines()) if a != b]
+        assert changed and all(b.startswith(("from fittrain.lightning", "import fittrain.lightning"))
+                               for _, b in changed), (name, changed)
+
+
+def test_differences_names_every_mismatch() -> None:
+    lightning = {"fit": {"loss": 0.5, "acc": 1.0}, "global_step": 4, "test": [{"test_loss": 2.0}]}
+    assert differences(lightning, json.loads(json.dumps(lightning))) == []
+    assert differences(lightning, {"fit": {"loss": 0.5 * (1 + 2e-6), "acc": 1.0}, "global_step": 4,
+                                   "test": [{"test_loss": 2.0}]}) == []
+    fittrain = {"fit": {"loss": 0.5001, "acc_epoch": 1.0}, "global_step": 2, "test": [{"test_loss": 2.0}]}
+    assert differences(lightning, fittrain) == [
+        ".fit.acc: missing on fittrain (Lightning: 1.0)",
+        ".fit.acc_epoch: only on fittrain (1.0)",
+        ".fit.loss: Lightning 0.5, fittrain 0.5001",
+        ".global_step: Lightning 4, fittrain 2",
+    ]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_example_matches_lightning(name: str, nproc: int, tmp_path: pathlib.Path) -> None:
+    lightning = run_lightning(name, nproc, tmp_path / "lightning")
+    fittrain = run_fittrain(name, nproc, tmp_path / "fittrain")
+    found = differences(lightning, fittrain)
+    assert not found, f"{name} on {nproc} process(es) differs from Lightning:\n" + "\n".join(found)
