@@ -16,6 +16,14 @@ Holds:
     monitor         `Monitor`: a watched metric, its mode and best value (EarlyStop, Checkpointer,
                     plateau schedules)
     evaluation      `Evaluation`: the validation, test and predict loops, returning their results
+    ckpt_path       `validate/test/predict(ckpt_path=...)`: the checkpoint an evaluation restores first
+    limits          `LoopLimits`: limit_*_batches, overfit_batches, fast_dev_run; a limited epoch's batches
+    loop_plan       `LoopPlan`: how long fit trains, the batches each loop runs (`num_*_batches`)
+    validation_schedule  when fit validates: at epoch ends, or after optimizer steps (int or fraction)
+    sanity          the sanity check before training (`num_sanity_val_steps`)
+    timer           `max_time`: stop once that much time has trained
+    summary         `summarize`: the parameter table printed when fit starts (`enable_model_summary`)
+    determinism     `deterministic`: torch's deterministic algorithms
     parts           small pieces of the loop: argument checks, loss extraction, `StepRunner`,
                     metric bookkeeping
     preempt         on a preemption signal: finish the step, save, exit 75

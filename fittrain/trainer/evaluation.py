@@ -33,6 +33,7 @@ from fittrain.common.nested import is_tensor_tree, iter_tensors
 from fittrain.common.reprs import short_repr
 from fittrain.data import check_batches, send_to_device
 from fittrain.trainer.events import Event
+from fittrain.trainer.limits import limited
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader, length_of
 
@@ -135,13 +136,17 @@ class Evaluation:
             self.averager = None
             module.train(was_training)
 
-    def average(self, runner: StepRunner, loader: Any, method: str, events: tuple[Event, Event]) -> dict[str, float]:
-        """Runs `module.<method>(batch)` on every batch and returns its metrics averaged over every
-        sample of every process, firing `events` (batch start, batch end) around each batch. All
-        processes must call it."""
+    def average(self, runner: StepRunner, loader: Any, method: str, events: tuple[Event, Event],
+                limit: int | None = None) -> dict[str, float]:
+        """Runs `module.<method>(batch)` on every batch (the first `limit` of this process's, when
+        given: limit_val_batches and the like) and returns its metrics averaged over every sample of
+        every process, firing `events` (batch start, batch end) around each batch. All processes must
+        call it."""
         acc = self.accelerator
         batch_start, batch_end = events
         averager = ValidationAverager(acc.device)
+        if limit is not None:
+            loader = limited(loader, limit)
         batches = _in_lockstep(loader, acc) if _forward_is_collective(acc, runner) else ((b, True) for b in loader)
         with self._evaluating(runner.module):
             for self.batch_idx, (batch, counted) in enumerate(batches):
@@ -158,12 +163,14 @@ class Evaluation:
                     self._fire(batch_end)
         return averager.result(acc)
 
-    def predict(self, runner: StepRunner, loader: Any) -> Any:
-        """Runs `predict_step` on every batch of `loader` (prepared with even_batches=True) and returns
-        every sample's output once, in the loader's order, on the CPU, on every process."""
+    def predict(self, runner: StepRunner, loader: Any, limit: int | None = None) -> Any:
+        """Runs `predict_step` on every batch of `loader` (prepared with even_batches=True; the first
+        `limit` batches when given) and returns every sample's output once, in the loader's order,
+        on the CPU, on every process."""
         acc, rounds = self.accelerator, []
+        batches = loader if limit is None else limited(loader, limit)
         with self._evaluating(runner.module):
-            for self.batch_idx, batch in enumerate(loader):
+            for self.batch_idx, batch in enumerate(batches):
                 self.batch = batch
                 self._fire(Event.PREDICT_BATCH_START)
                 with acc.autocast():

@@ -3,7 +3,9 @@
 The loop that fires them, in the order `Trainer.fit` runs it::
 
     on_fit_start                      before prepare(): a callback may still configure trainer.accelerator
-    on_train_start                    after prepare() and after a resumed checkpoint was loaded
+    [a fresh fit that validates, with num_sanity_val_steps: on_sanity_check_start, then on_validation_start
+     ... on_validation_end over that many batches (trainer.sanity_checking is True), on_sanity_check_end]
+    on_train_start                    after prepare(), a resumed checkpoint's loading and the sanity check
     for each epoch:
         on_train_epoch_start
         for each batch:
@@ -18,8 +20,8 @@ The loop that fires them, in the order `Trainer.fit` runs it::
                 if validating every n steps and global_step % val_every_n_steps == 0:
                     on_validation_start ... on_validation_end   # as below, in the middle of the epoch
             on_train_batch_end                        # Checkpointer(every_n_steps) saves here
-            end the epoch here if that validation set trainer.state.should_stop
-        if validating at the end of this epoch (every val_every_n_epochs; never with val_every_n_steps):
+            end the epoch here if that validation set trainer.state.should_stop, or max_time has passed
+        if validating at the end of this epoch (every val_every_n_epochs, unless val_every_n_steps is set):
             on_validation_start
             on_validation_batch_start, on_validation_batch_end  (around each validation batch)
             on_validation_end                         # EarlyStop decides here
@@ -43,7 +45,13 @@ only their own events (not on_exception), after the module and the loader are pr
 A validation after an optimizer step runs before that batch's on_train_batch_end, so a checkpoint
 saved there holds its outcome (metrics, EarlyStop's state); resuming from it continues with the
 next batch and does not validate again. An epoch never validates twice at one step: with
-val_every_n_steps there is no validation at epoch ends.
+val_every_n_steps there is no validation at epoch ends (fittrain/trainer/validation_schedule.py).
+
+The sanity check (`Trainer(num_sanity_val_steps=n)`) is Lightning's: a few validation batches
+before training, so that a broken `validation_step` fails at once rather than after an epoch. Its
+metrics are discarded and the random state is put back afterwards, so training draws the same
+numbers with or without it; a resumed fit does not run it. Callbacks that act on validations
+read `trainer.sanity_checking` to skip it, as Lightning's do.
 
 The module takes part too (fittrain/trainer/module_hooks.py): at each event its own hooks, under
 Lightning's names and arguments, run first, then the callbacks' hooks in list order.
@@ -66,6 +74,8 @@ class Event(str, enum.Enum):
     """Every hook a callback may implement, named as the method it calls."""
 
     FIT_START = "on_fit_start"
+    SANITY_CHECK_START = "on_sanity_check_start"
+    SANITY_CHECK_END = "on_sanity_check_end"
     TRAIN_START = "on_train_start"
     TRAIN_EPOCH_START = "on_train_epoch_start"
     TRAIN_BATCH_START = "on_train_batch_start"
@@ -138,8 +148,14 @@ class Callback:
     def on_fit_start(self, trainer: "Trainer") -> None:
         """Before prepare(): configure `trainer.accelerator` here."""
 
+    def on_sanity_check_start(self, trainer: "Trainer") -> None:
+        """Before the sanity check's validation (`num_sanity_val_steps`), after prepare()."""
+
+    def on_sanity_check_end(self, trainer: "Trainer") -> None:
+        """After the sanity check's validation, before its metrics are discarded."""
+
     def on_train_start(self, trainer: "Trainer") -> None:
-        """After prepare() and after a resumed checkpoint was loaded, before the first epoch."""
+        """After prepare(), a resumed checkpoint's loading and the sanity check, before the first epoch."""
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """At the start of each training epoch."""
@@ -284,19 +300,22 @@ class EventDispatcher:
 
     Args:
         callbacks: Callback instances.
+        muted: Callbacks among them whose hooks never run (`fast_dev_run` mutes those that save
+            checkpoints or write logs); they stay in `callbacks`, and their state in checkpoints.
 
     Raises:
         TypeError: for an item that is not a Callback.
         ValueError: for a method named like a hook that is not an event.
     """
 
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
+    def __init__(self, callbacks: Sequence[Callback], muted: Sequence[Callback] = ()) -> None:
         for callback in callbacks:
             _check_callback(callback)
         self.callbacks = list(callbacks)
+        self.active = [cb for cb in self.callbacks if not any(cb is m for m in muted)]
         self._callback_hooks: Hooks = {
             event: tuple((f"callback {type(cb).__name__}.{event.value}", getattr(cb, event.value))
-                         for cb in self.callbacks if _overrides(cb, event.value))
+                         for cb in self.active if _overrides(cb, event.value))
             for event in Event
         }
         # Decided once per module: an event nobody overrides is a loop over an empty tuple per step.
@@ -317,8 +336,9 @@ class EventDispatcher:
                 raise
 
     def run_requests(self) -> list[tuple[Callback, RunRequest]]:
-        """Each callback with what it asks of the fit's run (`Callback.run_request`), in list order."""
-        return [(cb, cb.run_request()) for cb in self.callbacks]
+        """Each callback that is not muted with what it asks of the fit's run (`Callback.run_request`), in
+        list order."""
+        return [(cb, cb.run_request()) for cb in self.active]
 
     def fire_exception(self, trainer: "Trainer", exception: BaseException) -> None:
         """Runs `on_exception` hooks; their own errors are noted on the original, never raised."""
@@ -327,3 +347,10 @@ class EventDispatcher:
                 hook(trainer, exception)
             except Exception as inner:  # the original exception is the one users must see
                 exception.add_note(f"{label} also raised: {inner!r}")
+
+
+def muted_in_dev_run(callbacks: Sequence[Any]) -> list[Callback]:
+    """The callbacks a `fast_dev_run` mutes, as Lightning does: those that save checkpoints or write logs
+    (`RunRequest.saves_checkpoints`, `RunRequest.writes_logs`)."""
+    return [cb for cb in callbacks if isinstance(cb, Callback)
+            and (cb.run_request().saves_checkpoints or cb.run_request().writes_logs)]

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
-from fittrain.common.checks import check_positive_int
 from fittrain.common.reprs import short_repr
 from fittrain.data import batch_size_of
 from fittrain.distributed import collectives
@@ -24,30 +23,6 @@ if TYPE_CHECKING:
     from fittrain.accelerator.accelerator import Accelerator
     from fittrain.distributed.strategies import Strategy
     from fittrain.trainer.module import TrainModule
-
-
-def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[int | None, int | None]:
-    """Checks `val_every_n_epochs` and `val_every_n_steps`, which are exclusive.
-
-    Returns:
-        (val_every_n_epochs, val_every_n_steps): the epochs default to 1 when neither is given,
-        and are None when validation runs every n steps instead.
-
-    Raises:
-        ValueError: for a value that is not a positive integer, or for both given.
-    """
-    every_n_epochs = check_positive_int("val_every_n_epochs", every_n_epochs, optional=True)
-    every_n_steps = check_positive_int("val_every_n_steps", every_n_steps, optional=True)
-    if every_n_epochs is not None and every_n_steps is not None:
-        raise ValueError(
-            "`val_every_n_epochs` and `val_every_n_steps` cannot both be set: validation runs either at the end of "
-            "every n-th epoch or after every n-th optimizer step, in the middle of epochs. Received: "
-            f"val_every_n_epochs={every_n_epochs!r}, val_every_n_steps={every_n_steps!r}. Pass only one of them "
-            f"(val_every_n_steps={every_n_steps!r} alone validates every {every_n_steps} steps, and not at epoch "
-            "ends).")
-    if every_n_steps is None and every_n_epochs is None:
-        every_n_epochs = 1
-    return every_n_epochs, every_n_steps
 
 
 def length_of(loader: Any) -> int | None:

@@ -4,19 +4,20 @@ It is the Trainer's default display (`Trainer(enable_progress_bar=True)` adds on
 draws progress itself), so it lives in the Trainer layer; users import it as
 `fittrain.callbacks.ProgressBar`. Besides the bars it prints one line when training starts (the
 run, where its checkpoints and logs go) and one when the fit ends (where it stopped, the last
-metrics), so that a fit without a Logger still says what it did.
+metrics), so that a fit without a Logger still says what it did. Other one-line messages of the
+loop (the model summary, fast_dev_run, max_time) go the same way, through `say`.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from fittrain.common.checks import check_bool
 from fittrain.trainer.events import Callback, RunRequest
-from fittrain.trainer.parts import length_of
 from fittrain.trainer.runs import describe_run
 
 if TYPE_CHECKING:
@@ -72,9 +73,9 @@ class ProgressBar(Callback):
         self._bar.close()
         loader = trainer.train_loader
         done = getattr(getattr(loader, "position", None), "batches_consumed", 0)
-        # A stream has no length: the bar then counts batches without a total.
-        self._bar = tqdm(total=length_of(loader), initial=done, desc=f"Epoch {trainer.state.epoch}", mininterval=0.1,
-                         dynamic_ncols=True, disable=not self._show)
+        # A stream has no length: the bar then counts batches without a total (limit_train_batches gives one).
+        self._bar = tqdm(total=_total(trainer.num_training_batches), initial=done, desc=f"Epoch {trainer.state.epoch}",
+                         mininterval=0.1, dynamic_ncols=True, disable=not self._show)
 
     def on_train_batch_end(self, trainer: "Trainer") -> None:
         """Advances the epoch's bar; at most every half second, shows the values logged with prog_bar=True."""
@@ -92,11 +93,12 @@ class ProgressBar(Callback):
                   refresh=False)
 
     def on_validation_start(self, trainer: "Trainer") -> None:
-        """Starts the validation bar, which disappears when validation ends."""
+        """Starts the validation bar (the sanity check's, before training), which disappears when validation ends."""
         if not self._show:
             return
-        loader = trainer.val_loader
-        self._val_bar = tqdm(total=length_of(loader) if loader is not None else None, desc="Validation",
+        sanity = trainer.sanity_checking
+        total = trainer.num_sanity_val_batches if sanity else trainer.num_val_batches
+        self._val_bar = tqdm(total=_total(total), desc="Sanity Checking" if sanity else "Validation",
                              leave=False, mininterval=0.1, dynamic_ncols=True)
 
     def on_validation_batch_end(self, trainer: "Trainer") -> None:
@@ -104,9 +106,10 @@ class ProgressBar(Callback):
         self._val_bar.update()
 
     def on_validation_end(self, trainer: "Trainer") -> None:
-        """Closes the validation bar."""
+        """Closes the validation bar; shows the values logged with prog_bar=True (not the sanity check's,
+        which are discarded)."""
         self._val_bar.close()
-        if trainer.logged.prog_bar and self._show:
+        if trainer.logged.prog_bar and self._show and not trainer.sanity_checking:
             self.show_logged(trainer)
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
@@ -142,8 +145,23 @@ class ProgressBar(Callback):
         return f"ProgressBar(enabled={self.enabled})"
 
 
-def with_progress_bar(callbacks: list[Any], enabled: bool) -> list[Any]:
+def _total(batches: float | None) -> int | None:
+    """A bar's total from a number of batches: None (no total) for a stream's inf."""
+    return None if batches is None or math.isinf(batches) else int(batches)
+
+
+def with_progress_bar(callbacks: list[Any], enabled: bool, muted: Sequence[Any] = ()) -> list[Any]:
     """`callbacks`, plus a `ProgressBar` when `enabled` and no callback draws progress itself
-    (`RunRequest.shows_progress`). Items that are not callbacks are left for the dispatcher to refuse."""
-    draws = any(isinstance(cb, Callback) and cb.run_request().shows_progress for cb in callbacks)
+    (`RunRequest.shows_progress`), among those not `muted` (fast_dev_run mutes a Logger). Items
+    that are not callbacks are left for the dispatcher to refuse."""
+    draws = any(isinstance(cb, Callback) and not any(cb is m for m in muted) and cb.run_request().shows_progress
+                for cb in callbacks)
     return callbacks if draws or not enabled else [*callbacks, ProgressBar()]
+
+
+def say(trainer: "Trainer", text: str) -> None:
+    """Writes `text` on the main process above any progress bar (tqdm.write): the loop's messages (the
+    model summary, fast_dev_run's and max_time's lines). `enable_progress_bar=False` silences them too:
+    it promises a fit that prints nothing."""
+    if trainer.enable_progress_bar and trainer.accelerator.is_main_process:
+        tqdm.write(text)

@@ -10,6 +10,7 @@ from elsewhere (another project, a plain `save_state` folder) starts a new run f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fittrain.checkpoint.fastio import MANIFEST_NAME
 from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint, load_newest
 from fittrain.checkpoint.naming import CHECKPOINTS_DIR
-from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints
+from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints, saved_by
 from fittrain.common.reprs import short_repr
 from fittrain.trackers.runs import new_run_name
 from fittrain.trainer.events import Callback, RunRequest
@@ -65,7 +66,7 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     def new_name() -> str:  # the main process's choice on every process (the clock differs by rank)
         return acc.broadcast(new_run_name(root, *logs))
 
-    plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn)
+    plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn, checkpoint_folder(requests))
     config.use_run(plan.name)
     return plan
 
@@ -93,6 +94,8 @@ def load_resumed(trainer: "Trainer", plan: RunPlan) -> None:
 
 def describe_run(trainer: "Trainer") -> str:
     """One line: the run that trains, where its checkpoints and logs go (or that none are written)."""
+    if trainer.limits.dev_run:  # its line said so: the callbacks that would write are muted
+        return f"Training run {trainer.run_name!r} in fast_dev_run mode: no checkpoints, no logs."
     requests = [request for _, request in trainer.events.run_requests()]
     config = trainer.accelerator.project_configuration
     if any(request.saves_checkpoints for request in requests):
@@ -131,7 +134,7 @@ def given_run_name(trainer_name: str | None,
 
 
 def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path, project_dir: str,
-             new_name: Callable[[], str], warn: Callable[[str], None]) -> RunPlan:
+             new_name: Callable[[], str], warn: Callable[[str], None], folder: pathlib.Path | None = None) -> RunPlan:
     """Decides the run's name and the checkpoint it resumes from.
 
     Args:
@@ -141,14 +144,16 @@ def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path
         project_dir: The Trainer's, against which a relative `resume_from` is also looked up.
         new_name: Returns a fresh run name (the same on every process).
         warn: Called with the warning for each damaged checkpoint passed over.
+        folder: Where checkpoints are saved instead of run folders (a Checkpointer's `dirpath`): "latest"
+            is its newest save, and a checkpoint there continues the run that saved it (its saves.json).
 
     Raises:
         FileNotFoundError: for a missing `resume_from` folder, or "latest" without a checkpoint.
         ValueError: for a fresh run whose given name's folder holds checkpoints already.
     """
     name, source = given
-    plan = _find_checkpoint(resume_from, root, project_dir, name, warn)
-    owner = _owning_run(plan.checkpoint, root)
+    plan = _find_checkpoint(resume_from, root, project_dir, name, warn, folder)
+    owner = _owning_run(plan.checkpoint, root, folder)
     plan.continues = owner is not None and (name is None or owner == name)
     plan.name = name or owner or new_name()
     if not plan.continues and holds_checkpoints(root / plan.name):
@@ -199,15 +204,26 @@ def run_hparams(trainer: "Trainer", extra: dict[str, Any] | None) -> dict[str, A
     return values
 
 
+def checkpoint_folder(requests: Sequence[tuple[Callback, RunRequest]]) -> pathlib.Path | None:
+    """Where the callback that saves checkpoints saves them instead of the run's folder: its `dirpath`
+    attribute (the Checkpointer's, and Lightning's ModelCheckpoint's, name), or None."""
+    dirpath = next((getattr(cb, "dirpath", None) for cb, request in requests if request.saves_checkpoints), None)
+    return None if dirpath is None else pathlib.Path(dirpath)
+
+
 def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, name: str | None,
-                     warn: Callable[[str], None]) -> RunPlan:
+                     warn: Callable[[str], None], folder: pathlib.Path | None) -> RunPlan:
     if resume_from is None:
         return RunPlan(name="")
+    if str(resume_from) == "latest" and folder is not None:  # a Checkpointer's dirpath: its newest save
+        return RunPlan(name="", checkpoint=latest_checkpoint(folder, warn), newest=True)
     if str(resume_from) == "latest":
         # With a run name given, "latest" is that run's newest checkpoint; else the latest started run's.
         found = latest_checkpoint(root / name, warn) if name else latest_run_checkpoint(root, warn)
         return RunPlan(name="", checkpoint=found, newest=True)
     for candidate in (pathlib.Path(resume_from), pathlib.Path(project_dir) / resume_from):
+        if candidate.is_symlink():  # a Checkpointer's `last`: the checkpoint it leads to
+            candidate = candidate.resolve()
         if candidate.is_dir():
             if _is_run_folder(candidate):  # a run folder: its newest intact checkpoint
                 return RunPlan(name="", checkpoint=latest_checkpoint(candidate, warn), newest=True)
@@ -224,10 +240,14 @@ def _is_run_folder(folder: pathlib.Path) -> bool:
     return not (folder / MANIFEST_NAME).exists() and ((folder / RUN_FILE).exists() or holds_checkpoints(folder))
 
 
-def _owning_run(checkpoint: pathlib.Path | None, root: pathlib.Path) -> str | None:
-    """The name of the run folder under `root` that holds `checkpoint`, or None (elsewhere)."""
+def _owning_run(checkpoint: pathlib.Path | None, root: pathlib.Path, folder: pathlib.Path | None) -> str | None:
+    """The name of the run folder under `root` that holds `checkpoint`, or the run that saved it into
+    `folder` (its saves.json says); None (elsewhere)."""
     if checkpoint is None:
         return None
+    with contextlib.suppress(OSError):
+        if folder is not None and os.path.samefile(checkpoint.parent, folder):
+            return saved_by(folder, checkpoint.name)
     try:
         inside = os.path.samefile(checkpoint.parent.parent, root)
     except OSError:

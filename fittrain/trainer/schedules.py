@@ -142,13 +142,13 @@ def _step_unwrapped(scheduler: "AcceleratedScheduler", *metric: float) -> None:
 
 
 def make_schedule(config: SchedulerConfig | None, accelerator: "Accelerator", validates: bool,
-                  val_every_n_epochs: int | None, val_every_n_steps: int | None) -> Schedule:
+                  val_every_n_epochs: int | None, val_every_n_steps: int | float | None) -> Schedule:
     """Prepares the configured scheduler and returns the `Schedule` that steps it.
 
     Args:
         config: What `parse_optimizers` returned (None: no scheduler).
         accelerator: Prepares the scheduler, so its state travels in checkpoints.
-        validates: Whether fit received a val_loader.
+        validates: Whether fit validates (a val_loader, and limit_val_batches is not 0).
         val_every_n_epochs, val_every_n_steps: The Trainer's validation intervals.
 
     Raises:
@@ -167,16 +167,17 @@ def make_schedule(config: SchedulerConfig | None, accelerator: "Accelerator", va
 
 
 def _check_validation(config: SchedulerConfig, validates: bool, every_n_epochs: int | None,
-                      every_n_steps: int | None) -> None:
+                      every_n_steps: int | float | None) -> None:
     kind, monitor = type(config.scheduler).__name__, config.monitor
     head = f"{kind} (monitor={monitor!r}, interval={config.interval!r}) steps right after a validation"
     if not validates:
-        raise ValueError(f"{head}, but fit received no val_loader, so it would never step. Pass a val_loader to "
-                         "fit, or return a scheduler that needs no metric.")
-    if config.interval == "epoch" and every_n_epochs is None:
+        raise ValueError(f"{head}, but this fit never validates (no val_loader, or limit_val_batches=0), so it would "
+                         "never step. Pass a val_loader to fit, or return a scheduler that needs no metric.")
+    if config.interval == "epoch" and every_n_steps is not None:
+        frequency = every_n_steps if isinstance(every_n_steps, int) else "n"
         raise ValueError(
             f"{head} at an epoch end, but Trainer(val_every_n_steps={every_n_steps}) validates only in the middle "
-            f"of epochs, so it would never step. Use {{'interval': 'step', 'frequency': {every_n_steps}}} in the "
+            f"of epochs, so it would never step. Use {{'interval': 'step', 'frequency': {frequency}}} in the "
             "lr_scheduler dict to step after those validations, or validate at epoch ends (val_every_n_epochs).")
     if config.interval == "step" and every_n_steps is None:
         raise ValueError(

@@ -3,11 +3,14 @@
 Read `Trainer.fit` top to bottom: that is the whole loop. One batch is `optimization.train_batch`
 (automatic or manual optimization, fittrain/trainer/optimization.py); evaluation runs in an
 `Evaluation` (fittrain/trainer/evaluation.py). Everything optional (clipping, precision,
-checkpoints, early stopping, logging) is a callback.
+checkpoints, early stopping, logging) is a callback. Lightning's loop arguments live in small
+modules: how many batches each loop runs (limits.py), when fit validates (validation_schedule.py),
+the sanity check (sanity.py), max_time (timer.py), the parameter table (summary.py).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
 from typing import Any, Iterator, Sequence
@@ -24,6 +27,7 @@ from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.callback_states import CallbackStates
 from fittrain.trainer.ckpt_path import restore_for_evaluation
 from fittrain.trainer.datamodule import DataModule, DataStages
+from fittrain.trainer.determinism import use_deterministic
 from fittrain.trainer.evaluation import (
     Evaluation,
     as_test_metrics,
@@ -32,24 +36,22 @@ from fittrain.trainer.evaluation import (
     check_predictable,
     pick_test_method,
 )
-from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks
+from fittrain.trainer.events import Callback, Event, EventDispatcher, check_callbacks, muted_in_dev_run
+from fittrain.trainer.limits import LoopLimits, dev_run_line, epoch_slice
 from fittrain.trainer.logged import MetricLog
+from fittrain.trainer.loop_plan import LoopPlan, loop_lengths
 from fittrain.trainer.manual import ManualOptimization
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.module_hooks import bind_module_hooks
 from fittrain.trainer.optimization import AutomaticOptimization, prepare_optimization
-from fittrain.trainer.parts import (
-    StepRunner,
-    check_accelerator,
-    check_path,
-    check_validation_interval,
-    empty_epoch_error,
-    warn_once,
-)
+from fittrain.trainer.parts import StepRunner, check_accelerator, check_path, empty_epoch_error, warn_once
 from fittrain.trainer.preempt import save_and_exit
-from fittrain.trainer.progress import with_progress_bar
+from fittrain.trainer.progress import say, with_progress_bar
 from fittrain.trainer.runs import RunPlan, check_one_checkpointer, load_resumed, start_run
+from fittrain.trainer.sanity import run_sanity_check
 from fittrain.trainer.schedules import Schedule
+from fittrain.trainer.summary import summarize
+from fittrain.trainer.timer import Timer, parse_max_time
 from fittrain.trainer.train_state import TrainState
 
 __all__ = ["Trainer", "TrainState"]
@@ -70,14 +72,16 @@ class Trainer:
             that holds one (of `run_name`'s run, when a name is given). The resumed run goes on in
             its own folder, numbering on; a checkpoint from elsewhere starts a new run from its state.
         val_every_n_epochs: Validate at the end of every n-th epoch (when a val_loader is given).
-            None means 1, unless `val_every_n_steps` is given.
+            None means 1, unless `val_every_n_steps` is given; with it, the epochs it counts steps in.
         strategy: "auto", "ddp" or "fsdp".
         accelerator: A pre-built Accelerator to use instead of building one.
         preemption_signals: Signals on which fit finishes the optimizer step, saves a checkpoint
             and exits with code 75 (`PREEMPTION_EXIT_CODE`); () disables this.
-        val_every_n_steps: Validate every n-th optimizer step instead, in the middle of an epoch,
-            right after that step (Lightning's `val_check_interval`); there is then no validation
-            at epoch ends. Exclusive with `val_every_n_epochs`.
+        val_every_n_steps: Validate after optimizer steps instead, right after the step, and not at
+            epoch ends: an int n after every n-th step, a float f in (0, 1] after every
+            `int(f * steps per epoch)`-th (0.25: four times an epoch). Counted over the whole fit, or,
+            with `val_every_n_epochs` also given, from the start of each of those epochs (Lightning's
+            `val_check_interval` and `check_val_every_n_epoch`; fittrain/trainer/validation_schedule.py).
         compile: Compile the module's forward with torch.compile: True with its defaults, or a dict
             of its keyword options (backend, mode, fullgraph, dynamic, options, disable). Parameter
             names and checkpoints stay those of the plain module. Applies to a given `accelerator`
@@ -90,6 +94,21 @@ class Trainer:
             names the run too. Default: the resumed checkpoint's run, else a new name free under
             `checkpoints/` and `logs/`, `run_2026-12-01_06-30-05`. A fresh fit never writes into
             a run folder that holds checkpoints: naming one is a ValueError.
+        limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches: Batches
+            per training epoch, validation, test and predict: None all, an int n the first n (0 skips
+            the loop), a float f in [0, 1] `int(f * len(loader))` (fittrain/trainer/limits.py).
+        fast_dev_run: True (1) or n: n batches of each loop, max_steps=n in one epoch, no sanity check,
+            the callbacks that save checkpoints or write logs muted; one printed line says what it overrides.
+        overfit_batches: 0 (off), an int or a fraction: every epoch trains and validates on the same
+            first batches, read in order (overrides limit_train/val_batches).
+        num_sanity_val_steps: Validation batches before training in a fresh fit (Lightning's sanity
+            check, 2 there): 0 none, -1 all; metrics discarded, RNG put back (fittrain/trainer/sanity.py).
+        max_time: Stop training after this long: "DD:HH:MM:SS", a timedelta or a dict of its keywords,
+            checked after each optimizer step on the main process's clock (fittrain/trainer/timer.py).
+        deterministic: None (torch as it is), True (torch.use_deterministic_algorithms), "warn" or False
+            (fittrain/trainer/determinism.py).
+        enable_model_summary: Print the parameter table (fittrain/trainer/summary.py) when fit starts
+            (unless enable_progress_bar=False, which silences every line the loop prints).
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -101,14 +120,24 @@ class Trainer:
                  project_dir: str | os.PathLike = ".", resume_from: str | os.PathLike | None = None,
                  val_every_n_epochs: int | None = None, strategy: str = "auto",
                  accelerator: Accelerator | None = None, preemption_signals: Sequence[int | str] = DEFAULT_SIGNALS,
-                 val_every_n_steps: int | None = None, compile: bool | dict[str, Any] = False,
-                 run_name: str | None = None, enable_progress_bar: bool = True) -> None:
-        self.max_epochs = check_positive_int("max_epochs", max_epochs, optional=True)
-        self.max_steps = check_positive_int("max_steps", max_steps, optional=True)
-        if self.max_epochs is None and self.max_steps is None:
-            self.max_epochs = 1
-        self.val_every_n_epochs, self.val_every_n_steps = check_validation_interval(val_every_n_epochs,
-                                                                                  val_every_n_steps)
+                 val_every_n_steps: int | float | None = None, compile: bool | dict[str, Any] = False,
+                 run_name: str | None = None, enable_progress_bar: bool = True,
+                 limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
+                 fast_dev_run: bool | int = False, overfit_batches: int | float = 0, num_sanity_val_steps: int = 0,
+                 max_time: str | datetime.timedelta | dict[str, int] | None = None,
+                 deterministic: bool | str | None = None, enable_model_summary: bool = True) -> None:
+        self.limits = LoopLimits.resolve(
+            {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
+             "predict": limit_predict_batches}, overfit_batches, fast_dev_run, num_sanity_val_steps,
+            lambda message: warn_once(self, message))
+        self.max_time = parse_max_time(max_time)  # seconds, or None
+        self.lengths = lengths = loop_lengths(self.limits, self.max_time is not None, max_epochs, max_steps,
+                                              val_every_n_epochs, val_every_n_steps)
+        self.max_epochs, self.max_steps = lengths.max_epochs, lengths.max_steps
+        self.val_every_n_epochs, self.val_every_n_steps = lengths.val_every_n_epochs, lengths.val_every_n_steps
+        self.deterministic = use_deterministic(deterministic)
+        self.enable_model_summary = check_bool("enable_model_summary", enable_model_summary, owner="Trainer")
         check_path("resume_from", resume_from, optional=True)
         check_path("project_dir", project_dir)
         check_accelerator(accelerator)
@@ -119,7 +148,9 @@ class Trainer:
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.enable_progress_bar = check_bool("enable_progress_bar", enable_progress_bar, owner="Trainer")
-        self.events = EventDispatcher(with_progress_bar(check_callbacks(callbacks), self.enable_progress_bar))
+        callbacks = check_callbacks(callbacks)
+        muted = muted_in_dev_run(callbacks) if self.limits.dev_run else []  # Lightning's fast_dev_run mutes them
+        self.events = EventDispatcher(with_progress_bar(callbacks, self.enable_progress_bar, muted), muted)
         check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
@@ -149,8 +180,21 @@ class Trainer:
         self.best_checkpoint: pathlib.Path | None = None
         self.best_score: float | None = None
         self._runner: StepRunner | None = None  # calls the module's step methods through the prepared model
-        self._val_step_interval = 0  # val_every_n_steps while a val_loader is given, else 0 (never)
+        # The batches each loop runs and when fit validates, planned at each fit (fittrain/trainer/loop_plan.py).
+        self.loops = LoopPlan(self.limits)
+        self.sanity_checking = False  # True during the sanity check (fittrain/trainer/sanity.py)
+        self.timer = Timer(self.max_time) if self.max_time is not None else None
+        self._ends_training = self._steps_done  # what may end training after a batch: max_steps (and max_time)
         self._warned: set[str] = set()  # the messages warn_once gave already
+        if self.limits.dev_run:
+            say(self, dev_run_line(self.limits, list(self.lengths.overridden)))
+
+    # Lightning's names for the batches each loop runs (an int, or inf for a stream), as last planned.
+    num_training_batches = property(lambda self: self.loops.num_training_batches, doc="Batches per training epoch.")
+    num_val_batches = property(lambda self: self.loops.num_val_batches, doc="Batches per validation.")
+    num_sanity_val_batches = property(lambda self: self.loops.num_sanity_val_batches, doc="Sanity check batches.")
+    num_test_batches = property(lambda self: self.loops.num_test_batches, doc="Batches of the last test.")
+    num_predict_batches = property(lambda self: self.loops.num_predict_batches, doc="Batches of the last predict.")
 
     def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
         return Accelerator(
@@ -189,6 +233,7 @@ class Trainer:
         train_loader, val_loader = self.data.fit_loaders(module, (train_loader, train_dataloaders),
                                                          (val_loader, val_dataloaders), datamodule)
         check_fit_inputs(module, train_loader, val_loader)
+        train_loader, val_loader = self.loops.fit_loaders(train_loader, val_loader, lambda msg: warn_once(self, msg))
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
         self.module, self.state, self.logged, self.batch = module, TrainState(), MetricLog(self), None
         module.attach(self)
@@ -196,9 +241,14 @@ class Trainer:
         fire, state = self._fire, self.state
         try:
             with self.preemption:
+                if self.enable_model_summary and self.enable_progress_bar and self.accelerator.is_main_process:
+                    say(self, summarize(module))  # before prepare(), which may shard the parameters
                 fire(Event.FIT_START)  # before prepare(): callbacks may still configure the Accelerator
                 self._setup(module, train_loader, val_loader, resume)
+                run_sanity_check(self, lambda: self._validate(self.val_loader, self.loops.sanity))
                 fire(Event.TRAIN_START)
+                if self.timer is not None:
+                    self.timer.start(self)  # max_time counts training from here
                 while not self._finished():
                     fire(Event.TRAIN_EPOCH_START)
                     module.train()
@@ -208,14 +258,14 @@ class Trainer:
                         self.logged.end_batch()  # sync_dist step values: one collective for all of them
                         # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
                         # and a resume from it continues with the next batch instead of validating again.
-                        stop = stepped and self._validation_due(state.global_step) and self._validate_mid_epoch()
+                        stop = stepped and self.loops.schedule.after_step(state) and self._validate_mid_epoch()
                         fire(Event.TRAIN_BATCH_END)
-                        if stop or self._steps_done():  # a mid-epoch stop ends the epoch on every process alike
+                        if stop or self._ends_training():  # max_steps, max_time; alike on every process
                             break
                         if self._preempted():  # a signal came: finish this step, save, exit 75
                             save_and_exit(self)
-                    if self._validates_at_epoch_end(state.epoch):
-                        self._validate(self.val_loader)
+                    if self.loops.schedule.at_epoch_end(state.epoch):
+                        self._validate(self.val_loader, self.loops.val)
                         self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
                     self.lr_schedule.after_epoch(state.epoch)
                     state.check_loss()
@@ -232,31 +282,28 @@ class Trainer:
             self.data.end("fit")
 
     def _epoch_batches(self) -> Iterator[Any]:
-        """This epoch's batches, after those a resumed checkpoint had consumed; sets `state.batch_idx`.
+        """This epoch's batches (its first `limit_train_batches`), after those a resumed checkpoint had
+        consumed; sets `state.batch_idx`.
 
         Raises:
             ValueError: for a fresh epoch without a batch (a stream that ran dry).
         """
-        start = self.train_loader.position.batches_consumed
+        loader, limit = self.train_loader, self.loops.train
+        start = loader.position.batches_consumed
+        if start == 0:
+            self.state.epoch_start_step = self.state.global_step
+        batches = loader.iterate(skip=start) if limit is None else epoch_slice(loader, start, limit)
         index = -1
-        for index, batch in enumerate(self.train_loader.iterate(skip=start), start=start):
+        for index, batch in enumerate(batches, start=start):
             self.state.batch_idx, self.batch = index, batch
             self.logged.start_batch()
             yield batch
         if index < 0 and start == 0:
             raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
 
-    def _validation_due(self, global_step: int) -> bool:
-        """Whether the optimizer step just taken is followed by a mid-epoch validation (val_every_n_steps)."""
-        return bool(self._val_step_interval) and global_step % self._val_step_interval == 0
-
-    def _validates_at_epoch_end(self, epoch: int) -> bool:
-        every = self.val_every_n_epochs  # None with val_every_n_steps: no validation at epoch ends
-        return self.val_loader is not None and every is not None and (epoch + 1) % every == 0
-
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""
-        self._validate(self.val_loader)
+        self._validate(self.val_loader, self.loops.val)
         self.lr_schedule.after_validation(self.state.raw_metrics, step=self.state.global_step)
         # One collective per validation, never per step: the main process's decision wins.
         self.state.should_stop = bool(self.accelerator.broadcast(self.state.should_stop))
@@ -268,11 +315,15 @@ class Trainer:
                                                                                self.state.global_step)
 
     def _finished(self) -> bool:
-        return self.state.should_stop or self._steps_done() or (
+        return self.state.should_stop or self._steps_done() or self.num_training_batches == 0 or (
             self.max_epochs is not None and self.state.epoch >= self.max_epochs)
 
     def _steps_done(self) -> bool:
         return self.max_steps is not None and self.state.global_step >= self.max_steps
+
+    def _steps_or_time_done(self) -> bool:
+        """With max_time: max_steps, or the time spent (checked at the end of accumulation windows)."""
+        return self._steps_done() or (self.accelerator.sync_gradients and self.timer.check(self))
 
     # ----------------------------------------------------------------- evaluation (fittrain/trainer/evaluation.py)
     def validate(self, module: TrainModule, loader: Any = None, *, dataloaders: Any = None,
@@ -291,16 +342,20 @@ class Trainer:
             check_inputs("validate", module, loader)
             self._use_module(module)
             restore_for_evaluation(self, ckpt_path, "validate")
-            return self._validate(self.evaluation.prepare_loader(loader))
+            loader = self.evaluation.prepare_loader(loader)
+            return self._validate(loader, self.loops.eval_limit("val", loader))
         finally:
             self.data.end("validate")
 
-    def _validate(self, loader: Any) -> dict[str, float]:
-        """Validates on a prepared loader: the loop of `validate` and of validation during fit."""
+    def _validate(self, loader: Any, limit: int | None) -> dict[str, float]:
+        """Validates on a prepared loader, its first `limit` batches when given (0: nothing runs): the
+        loop of `validate`, of the sanity check and of validation during fit."""
+        if limit == 0:
+            return {}
         with self.evaluation.loop():
             self._fire(Event.VALIDATION_START)
             results = self.evaluation.average(self._runner, loader, "validation_step",
-                                              (Event.VALIDATION_BATCH_START, Event.VALIDATION_BATCH_END))
+                                              (Event.VALIDATION_BATCH_START, Event.VALIDATION_BATCH_END), limit)
             self.state.raw_metrics.update(results)
             self._fire(Event.VALIDATION_END)
         return results
@@ -328,10 +383,13 @@ class Trainer:
             self._use_module(module)
             restore_for_evaluation(self, ckpt_path, "test")
             loader = self.evaluation.prepare_loader(loader)
+            limit = self.loops.eval_limit("test", loader)
+            if limit == 0:  # limit_test_batches=0: no loop, as in Lightning
+                return {}
             with self.evaluation.loop():
                 self._fire(Event.TEST_START)
-                results = as_test_metrics(self.evaluation.average(self._runner, loader, method,
-                                                                   (Event.TEST_BATCH_START, Event.TEST_BATCH_END)))
+                results = as_test_metrics(self.evaluation.average(
+                    self._runner, loader, method, (Event.TEST_BATCH_START, Event.TEST_BATCH_END), limit))
                 self.state.raw_metrics.update(results)
                 self._fire(Event.TEST_END)
             return results
@@ -363,10 +421,13 @@ class Trainer:
             self._use_module(module)
             restore_for_evaluation(self, ckpt_path, "predict")
             loader = self.evaluation.prepare_loader(loader, even_batches=True)
-            with self.evaluation.loop():
-                self._fire(Event.PREDICT_START)
-                outputs = self.evaluation.predict(self._runner, loader)
-                self._fire(Event.PREDICT_END)
+            limit = self.loops.eval_limit("predict", loader)
+            outputs: Any = []  # limit_predict_batches=0: no loop, as in Lightning
+            if limit != 0:
+                with self.evaluation.loop():
+                    self._fire(Event.PREDICT_START)
+                    outputs = self.evaluation.predict(self._runner, loader, limit)
+                    self._fire(Event.PREDICT_END)
         finally:
             self.data.end("predict")
         # Every process gathered the whole result (all_gather); only the main one keeps it by default.
@@ -403,10 +464,13 @@ class Trainer:
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
-        self._val_step_interval = (self.val_every_n_steps or 0) if val_loader is not None else 0
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule))
         if resume.checkpoint is not None:
             load_resumed(self, resume)
+        self.loops.plan_fit(self.train_loader, self.val_loader, resume.checkpoint is None, self.lengths,
+                            acc.gradient_accumulation_steps)
+        self._ends_training = self._steps_done if self.timer is None else self._steps_or_time_done
+
 
     def _start_run(self) -> RunPlan:
         """Names this fit's run, finds the checkpoint it resumes from, and points the Accelerator's
