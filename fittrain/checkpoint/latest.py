@@ -1,11 +1,13 @@
 """Which checkpoint "latest" means: the newest intact folder, and the newest that loads.
 
-`latest_checkpoint` checks every file of a candidate against its manifest, newest first, and
-warns about each damaged folder it passes over; `load_newest` also passes over one whose files are
-refused only when they are parsed. A folder pruned meanwhile by a run still saving is passed over
-silently; a `CheckpointMismatchError` is never passed over (an older folder would not fit either).
-`latest_run_checkpoint` picks the run first: the Trainer's "latest" is the newest intact checkpoint
-of the most recently started run that holds one (`run_folders`).
+Newest means saved last (`run_folders.saved_in_order`), never the greatest name: a template's
+"epoch=10" sorts before "epoch=9". `latest_checkpoint` checks every file of a candidate against
+its manifest, newest first, and warns about each damaged folder it passes over; `load_newest`
+also passes over one whose files are refused only when they are parsed. A folder pruned
+meanwhile by a run still saving is passed over silently; a `CheckpointMismatchError` is never
+passed over (an older folder would not fit either). `latest_run_checkpoint` picks the run first:
+the Trainer's "latest" is the newest intact checkpoint of the most recently started run that
+holds one (`run_folders`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fittrain.checkpoint.checks import check_meta_fields
 from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, CheckpointMismatchError
 from fittrain.checkpoint.naming import PREFIX, list_checkpoints
 from fittrain.checkpoint.reader import CheckpointReader
-from fittrain.checkpoint.run_folders import run_folders
+from fittrain.checkpoint.run_folders import run_folders, saved_in_order
 from fittrain.checkpoint.snapshot import META_NAME
 
 # How often `latest_checkpoint` lists the folder again after a candidate vanished under it.
@@ -28,7 +30,7 @@ _EMPTY_LISTINGS = 3
 
 def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
                       damaged: set[pathlib.Path] | None = None) -> pathlib.Path:
-    """The newest intact `checkpoint_{i}` under `root`, warning about damaged newer ones.
+    """The newest intact checkpoint under `root` by save order, warning about damaged newer ones.
 
     Every file of a candidate is checked against its manifest (size and CRC32); the warning for a
     folder passed over names the file that failed. A folder that vanishes while it is checked was
@@ -46,7 +48,7 @@ def latest_checkpoint(root: pathlib.Path, warn: Callable[[str], None],
     """
     damaged = set() if damaged is None else damaged
     for listing in range(_LISTINGS):
-        found, vanished = _newest_intact(list_checkpoints(root, PREFIX), warn, damaged)
+        found, vanished = _newest_intact(saved_in_order(root), warn, damaged)
         if found is not None:
             return found
         # Nothing intact. A folder that vanished while it was checked was pruned after a newer one

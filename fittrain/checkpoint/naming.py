@@ -1,13 +1,17 @@
-"""Automatic checkpoint names: `ProjectConfiguration`, numbering, reservation and pruning.
+"""Automatic checkpoint names: `ProjectConfiguration`, numbering or naming, reservation and pruning.
 
 With automatic naming, `save_state()` writes `{project_dir}/checkpoints/checkpoint_{i}` (the
 Trainer points it at its run's folder, `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`,
-with `use_run`: numbering, pruning and "latest" then stay inside that folder). The main
-process reserves the number (`reserve_target`, through `temp_folders.reserve_numbered`), so
-writers sharing a project never pick the same one; `ProjectConfiguration.prune` deletes the oldest
-folders beyond `total_limit`, hiding each under a temporary name first (`delete_checkpoints` does
-the same for named folders, for `Checkpointer(save_top_k=...)`). `list_checkpoints` lists
-the numbered folders, complete or not; `latest` picks the loadable one.
+with `use_run`, or at a Checkpointer's `dirpath` with `use_folder`: numbering, pruning and
+"latest" then stay inside that folder). A save may be given a name instead of a number
+(`name_next`, a Checkpointer's `filename` template): the first of its candidate names that is
+free (`name`, `name-v1`, ... as Lightning versions them). The main process reserves the number or
+name (`reserve_target`, through `temp_folders`), so writers sharing a folder never pick the same
+one, and lists a named save in the folder's saves.json (`run_folders.record_save`), which orders
+saves that names cannot. `ProjectConfiguration.prune` deletes this run's oldest folders beyond
+`total_limit`, hiding each under a temporary name first (`delete_checkpoints` does the same for
+named folders, for `Checkpointer(save_top_k=...)`), and never one a link such as `last` leads to.
+`list_checkpoints` lists the numbered folders, complete or not; `latest` picks the loadable one.
 """
 
 from __future__ import annotations
@@ -17,10 +21,21 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from fittrain.checkpoint.errors import CheckpointError
-from fittrain.checkpoint.run_folders import CHECKPOINTS_DIR, record_run_start
+from fittrain.checkpoint.fastio import MANIFEST_NAME
+from fittrain.checkpoint.run_folders import (
+    CHECKPOINTS_DIR,
+    SAVES_FILE,
+    is_numbered,
+    is_plain_name,
+    link_targets,
+    read_saves,
+    record_run_start,
+    record_save,
+    saved_in_order,
+)
 from fittrain.checkpoint.temp_folders import TempFolder, raise_if_no_space, reserve_numbered
 from fittrain.common.checks import check_non_negative_int, check_positive_int
 
@@ -47,6 +62,9 @@ class ProjectConfiguration:
         run_name: Set by the Trainer (`use_run`), never by users: the run folder under
             `checkpoints/` that automatic names go into. None (a plain Accelerator) keeps
             Accelerate's flat layout.
+        folder: Set by a Checkpointer with `dirpath` (`use_folder`): the folder automatic saves
+            go into instead of the run's.
+        saving: The folder name of the save in progress, from its reservation on (every process).
     """
 
     project_dir: str | None = None
@@ -56,8 +74,12 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     run_name: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    folder: pathlib.Path | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    saving: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     # Whether this run's start was recorded in its folder (`run_folders`), once per fit.
     _run_recorded: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+    # The candidate names of the next save (`name_next`), consumed by its reservation.
+    _next_names: Iterator[str] | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_positive_int(
@@ -84,7 +106,10 @@ class ProjectConfiguration:
 
     @property
     def checkpoints_dir(self) -> pathlib.Path:
-        """The folder that holds automatically named checkpoints: the run's folder when one is set."""
+        """The folder that holds automatically named checkpoints: `folder`, else the run's folder
+        when one is set, else `checkpoints/`."""
+        if self.folder is not None:
+            return self.folder
         root = self.checkpoints_root
         return root / self.run_name if self.run_name is not None else root
 
@@ -92,6 +117,15 @@ class ProjectConfiguration:
         """Points automatic naming at `checkpoints/{run_name}`, numbering from 0 there (the Trainer
         calls it at each fit; a resumed checkpoint's number then moves `iteration` on)."""
         self.run_name, self.iteration, self._run_recorded = run_name, 0, False
+        self.folder, self._next_names, self.saving = None, None, None
+
+    def use_folder(self, folder: str | os.PathLike | None) -> None:
+        """Points automatic saves at `folder` (a Checkpointer's `dirpath`) for this fit; None: the run's folder."""
+        self.folder = None if folder is None else pathlib.Path(os.path.abspath(folder))
+
+    def name_next(self, names: Iterable[str]) -> None:
+        """Names the next automatic save: the first of `names` (plain folder names) that is free."""
+        self._next_names = iter(names)
 
     def next_checkpoint_dir(self) -> pathlib.Path:
         """The folder for the next automatic save; never one that already exists."""
@@ -102,21 +136,36 @@ class ProjectConfiguration:
     def reserve_next_checkpoint(self) -> TempFolder:
         """Claims the temporary folder of the next automatic checkpoint (on the main process).
 
-        The number is the first from `next_checkpoint_dir()`'s on that neither names a folder nor
-        is being written by another live writer (another job, another Accelerator), so writers
-        sharing the project never pick the same number. `iteration` moves past it.
+        Without a name (`name_next`), the number is the first from `next_checkpoint_dir()`'s on
+        that neither names a folder nor is being written by another live writer (another job,
+        another Accelerator), so writers sharing the project never pick the same number;
+        `iteration` moves past it. With one, the first free candidate name. A named save (and any
+        save into a folder that lists its saves) is listed in the folder's saves.json first.
 
         Returns:
-            The claimed folder; its `number` names the checkpoint. Commit it with `write_checkpoint`,
-            or `release()` it.
+            The claimed folder, `.{name}.tmp`; its `number` names a numbered checkpoint. Commit it
+            with `write_checkpoint`, or `release()` it.
         """
-        self.next_checkpoint_dir()  # moves `iteration` past the existing folders
-        if self.run_name is not None and not self._run_recorded:
+        names, self._next_names = self._next_names, None
+        folder = self.checkpoints_dir
+        if self.run_name is not None and self.folder is None and not self._run_recorded:
             # Recorded at the run's first save of a fit, so "latest" knows which run started last.
-            record_run_start(self.checkpoints_dir)
+            record_run_start(folder)
             self._run_recorded = True
-        reserved = reserve_numbered(self.checkpoints_dir, PREFIX, self.iteration)
-        self.iteration = reserved.number + 1
+        if names is None:
+            self.next_checkpoint_dir()  # moves `iteration` past the existing folders
+            reserved = reserve_numbered(folder, PREFIX, self.iteration)
+            self.iteration = reserved.number + 1
+            # A Checkpointer's dirpath may hold others' folders: only listed saves are this run's.
+            listed = self.folder is not None or (folder / SAVES_FILE).is_file()
+        else:
+            reserved, listed = reserve_named(folder, names), True
+        if listed:
+            try:
+                record_save(folder, reserved_name(reserved), self.run_name)
+            except BaseException:
+                reserved.release()
+                raise
         return reserved
 
     def after_load(self, loaded: pathlib.Path) -> None:
@@ -126,13 +175,26 @@ class ProjectConfiguration:
             self.iteration = max(self.iteration, int(name[len(PREFIX):]) + 1)
 
     def prune(self) -> None:
-        """Deletes the oldest automatic checkpoints beyond `total_limit`."""
+        """Deletes this run's oldest checkpoints beyond `total_limit`, by save order.
+
+        This run's are those saves.json says it saved; in a run's own folder, also the numbered
+        ones it does not list (an older version's). A folder a link (`last`) leads to is kept.
+        """
         if self.total_limit is None:
             return
         root = self.checkpoints_dir
         _remove_stale_deletions(root)
-        for old in list_checkpoints(root, PREFIX)[:-self.total_limit]:
-            _delete_checkpoint(old)
+        savers = dict(read_saves(root))
+
+        def own(name: str) -> bool:
+            if name in savers:
+                return savers[name] == self.run_name
+            return self.folder is None and is_numbered(name)
+
+        linked = link_targets(root)
+        for old in [path for path in saved_in_order(root) if own(path.name)][:-self.total_limit]:
+            if old.name not in linked:
+                _delete_checkpoint(old)
 
 
 def reserve_target(config: ProjectConfiguration, is_main_process: bool,
@@ -157,8 +219,9 @@ def reserve_target(config: ProjectConfiguration, is_main_process: bool,
             reserved = config.reserve_next_checkpoint()
         except Exception as err:
             failure = err
+    config._next_names = None  # consumed on every process, whichever reserved
     try:
-        number, message = share((reserved and reserved.number, failure and str(failure)))
+        name, message = share((reserved and reserved_name(reserved), failure and str(failure)))
     except BaseException:
         if reserved is not None:
             reserved.release()
@@ -169,8 +232,42 @@ def reserve_target(config: ProjectConfiguration, is_main_process: bool,
     if message is not None:
         raise CheckpointError(f"The main process could not reserve the next checkpoint folder under "
                               f"{config.checkpoints_dir}: {message}")
-    config.iteration = number + 1
-    return config.checkpoints_dir / f"{PREFIX}{number}", reserved
+    if is_numbered(name):
+        config.iteration = int(name[len(PREFIX):]) + 1
+    config.saving = name
+    return config.checkpoints_dir / name, reserved
+
+
+def reserve_named(root: pathlib.Path, names: Iterable[str]) -> TempFolder:
+    """Claims the temporary folder `.{name}.tmp` of the first of `names` that is free (main process).
+
+    A name is free when nothing of that name exists in `root` (a folder, a file, a link) and no
+    live writer holds its temporary folder: so a save never replaces anything, and two writers
+    never pick the same name.
+
+    Raises:
+        ValueError: for a name that is not a plain folder name (a separator, '..', hidden).
+        FileExistsError: when every candidate is taken.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if not is_plain_name(name):
+            raise ValueError(f"A checkpoint folder's name must be one plain folder name (no '/', no leading '.', "
+                             f"at most 200 bytes). Received: {name!r:.120}.")
+        final = root / name
+        if os.path.lexists(final):
+            continue
+        claimed = TempFolder.claim(root / f".{name}.tmp")
+        if claimed is not None and not os.path.lexists(final):
+            return claimed
+        if claimed is not None:  # committed by another writer just before the claim
+            claimed.release()
+    raise FileExistsError(f"Every candidate name for the next checkpoint under {root} is taken.")
+
+
+def reserved_name(reserved: TempFolder) -> str:
+    """The checkpoint folder name a reservation claimed, from its temporary folder `.{name}.tmp`."""
+    return reserved.path.name[1:-len(".tmp")]
 
 
 _DELETING = ".deleting"
@@ -182,26 +279,33 @@ def is_checkpoint_name(name: str) -> bool:
 
 
 def delete_checkpoints(root: pathlib.Path, names: Iterable[str]) -> None:
-    """Deletes the named automatic checkpoints under `root`, for retention rules other than `total_limit`.
+    """Deletes the named checkpoints under `root`, for retention rules other than `total_limit`.
 
     Each folder is hidden under a temporary name before it is removed, as `prune` does, so a
-    crash never leaves a half-deleted `checkpoint_{i}`; a folder already gone is skipped. Call it
-    only once the newer checkpoint that replaces them is committed.
+    crash never leaves a half-deleted checkpoint; a folder already gone is skipped, and so is
+    anything that is not a checkpoint: a link, a file, or a folder other than `checkpoint_{i}`
+    without a manifest (never a user's). Call it only once the newer checkpoint that replaces
+    them is committed.
 
     Raises:
-        ValueError: for a name other than `checkpoint_{i}`, which is never deleted.
+        ValueError: for a name that is not a plain folder name, which is never deleted.
     """
     _remove_stale_deletions(root)
     for name in names:
-        if not is_checkpoint_name(name):
-            raise ValueError(f"delete_checkpoints() deletes only folders named '{PREFIX}{{i}}'. "
+        if not is_plain_name(name):
+            raise ValueError(f"delete_checkpoints() deletes only checkpoint folders directly under {root}. "
                              f"Received: {name!r:.80}.")
-        _delete_checkpoint(root / name)
+        folder = root / name
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        if is_checkpoint_name(name) or (folder / MANIFEST_NAME).is_file():
+            _delete_checkpoint(folder)
 
 
 def _remove_stale_deletions(root: pathlib.Path) -> None:
-    for stale in root.glob(f".{PREFIX}*{_DELETING}"):  # left by a crash during an earlier deletion
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in root.glob(f".*{_DELETING}"):  # left by a crash during an earlier deletion
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _delete_checkpoint(folder: pathlib.Path) -> None:
