@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fittrain.checkpoint.fastio import MANIFEST_NAME
 from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint, load_newest
 from fittrain.checkpoint.naming import CHECKPOINTS_DIR
-from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints, saved_by
+from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints, read_saves, saved_by
 from fittrain.common.reprs import short_repr
 from fittrain.trackers.runs import new_run_name
 from fittrain.trainer.events import Callback, RunRequest
@@ -62,11 +63,12 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
     requests = trainer.events.run_requests()
     given = given_run_name(run_name, requests)
     logs = logs_folders(requests, config.logging_dir, trainer.project_dir)
+    folder = checkpoint_folder(requests)
 
     def new_name() -> str:  # the main process's choice on every process (the clock differs by rank)
-        return acc.broadcast(new_run_name(root, *logs))
+        return acc.broadcast(_not_saving_in(new_run_name(root, *logs), folder))
 
-    plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn, checkpoint_folder(requests))
+    plan = plan_run(trainer.resume_from, given, root, trainer.project_dir, new_name, warn, folder)
     config.use_run(plan.name)
     return plan
 
@@ -156,10 +158,12 @@ def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path
     owner = _owning_run(plan.checkpoint, root, folder)
     plan.continues = owner is not None and (name is None or owner == name)
     plan.name = name or owner or new_name()
-    if not plan.continues and holds_checkpoints(root / plan.name):
+    in_folder = folder is not None and plan.name in _runs_saving_in(folder)  # a run's saves in a shared dirpath
+    if not plan.continues and (in_folder or holds_checkpoints(root / plan.name)):
+        taken = folder if in_folder else root / plan.name
         started = "A fresh fit" if plan.checkpoint is None else f"A fit resuming from {str(plan.checkpoint)!r}"
         raise ValueError(
-            f"`{source}` names a run whose checkpoints exist already ({str(root / plan.name)!r}). Received: "
+            f"`{source}` names a run whose checkpoints exist already ({str(taken)!r}). Received: "
             f"run_name={plan.name!r}. {started} never writes into another run's folder. Pass "
             "resume_from='latest' to continue that run, or another run_name (or none: a new name is chosen).")
     return plan
@@ -209,6 +213,19 @@ def checkpoint_folder(requests: Sequence[tuple[Callback, RunRequest]]) -> pathli
     attribute (the Checkpointer's, and Lightning's ModelCheckpoint's, name), or None."""
     dirpath = next((getattr(cb, "dirpath", None) for cb, request in requests if request.saves_checkpoints), None)
     return None if dirpath is None else pathlib.Path(dirpath)
+
+
+def _runs_saving_in(folder: pathlib.Path) -> set[str | None]:
+    """The runs that saved checkpoints into `folder` (a dirpath several runs may share), as its saves.json says."""
+    return {run for _, run in read_saves(folder)}
+
+
+def _not_saving_in(name: str, folder: pathlib.Path | None) -> str:
+    """`name`, or `name-2`, `name-3`, ...: a new run's name under which no checkpoint in `folder` was saved
+    (a run's name tells its saves there from another run's, which it never deletes)."""
+    taken = _runs_saving_in(folder) if folder is not None else set()
+    candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(2)))
+    return next(candidate for candidate in candidates if candidate not in taken)
 
 
 def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, name: str | None,
