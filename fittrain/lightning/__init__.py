@@ -1,4 +1,33 @@
 """`import fittrain.lightning as pl`: Lightning's names for drop-in ports, mapped onto fittrain's own classes.
 
-(Being built: see issue 25, item 6.)
+A Lightning program ports by changing its imports (`lightning.pytorch` -> `fittrain.lightning`):
+
+    fittrain.lightning            LightningModule      TrainModule + Lightning's attributes      module.py
+                                  LightningDataModule  DataModule + trainer, save_hyperparameters module.py
+                                  Trainer              the native Trainer, Lightning's arguments  trainer.py
+                                  Callback             hooks (trainer, pl_module, ...)            callbacks/base.py
+                                  seed_everything      fittrain.seed_everything
+    fittrain.lightning.callbacks  ModelCheckpoint EarlyStopping LearningRateMonitor ModelSummary TQDMProgressBar
+    fittrain.lightning.loggers    TensorBoardLogger CSVLogger WandbLogger MLFlowLogger Logger
+    fittrain.lightning.core, .trainer   the same names where Lightning has them
+
+Under these names Lightning's semantics hold where a program can observe them: metric names and
+what `trainer.callback_metrics` holds when (metrics.py), the sanity check, the default
+TensorBoard logger and ModelCheckpoint (build.py), `setup`/`teardown` stages (stages.py), when
+schedulers step (module.py), when loggers get rows (connector.py). Processes are started by
+`fittrain launch` or torchrun; `Trainer(devices=N)` must describe that job (arguments.py). What
+fittrain cannot honour raises when built, naming the fittrain way; docs/migration.md lists every
+name: same, different or not applicable, and why.
+
+Modules: module, trainer (with properties, build, arguments, stages, connector, metrics, verbose),
+core, callbacks/, loggers/. May import every fittrain layer (it is the top one); never `lightning`.
 """
+
+from fittrain.accelerator.seeding import seed_everything
+from fittrain.lightning import callbacks, loggers
+from fittrain.lightning.callbacks import Callback
+from fittrain.lightning.module import LightningDataModule, LightningModule
+from fittrain.lightning.trainer import Trainer
+
+__all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "callbacks", "loggers",
+           "seed_everything"]

@@ -1,0 +1,110 @@
+"""What a Lightning `Trainer(...)` builds from its arguments: the loggers, the Lightning callbacks
+(with Lightning's defaults added), and the native callbacks that run them.
+
+Lightning's defaults, kept:
+
+- `logger=True` (or None): a `TensorBoardLogger(save_dir=default_root_dir)`, i.e.
+  `{default_root_dir}/lightning_logs/version_{n}`; `False`: no logger.
+- `enable_checkpointing=True`: a `ModelCheckpoint()` unless one is given (it saves at every epoch
+  end into `{logger's log_dir}/checkpoints`, keeping the newest); False with a ModelCheckpoint given
+  is an error, as in Lightning.
+- `enable_progress_bar=True`: a `TQDMProgressBar()` unless one is given; `enable_model_summary=True`:
+  a `ModelSummary()` unless one is given. False with one of them given is an error.
+- Checkpoint callbacks run after the others (Lightning moves them to the end), so they save what
+  EarlyStopping decided; the logger connector and `min_epochs` run last of all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from fittrain.callbacks.grad_clip import GradClip
+from fittrain.callbacks.mixed_precision import MixedPrecision
+from fittrain.common.reprs import short_repr
+from fittrain.lightning.callbacks.base import Callback
+from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
+from fittrain.lightning.callbacks.model_summary import ModelSummary
+from fittrain.lightning.callbacks.progress import TQDMProgressBar
+from fittrain.lightning.connector import LoggerConnector, MinimumLimits, Predictions
+from fittrain.lightning.loggers.base import Logger
+from fittrain.lightning.loggers.files import TensorBoardLogger
+from fittrain.trainer.events import Callback as NativeCallback
+
+if TYPE_CHECKING:
+    from fittrain.lightning.trainer import Trainer
+
+
+def configure_loggers(logger: Any, default_root_dir: str) -> list[Logger]:
+    """Lightning's `logger` argument as a list of loggers.
+
+    Raises:
+        TypeError: for anything but a bool, None, a fittrain.lightning logger or an iterable of them.
+    """
+    if logger is None or logger is True:
+        return [TensorBoardLogger(save_dir=default_root_dir)]
+    if logger is False:
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger) if isinstance(logger, Iterable) else [logger]
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise TypeError(f"Trainer(logger=...) takes True, False, a logger of fittrain.lightning.loggers "
+                            f"(TensorBoardLogger, CSVLogger, WandbLogger, MLFlowLogger) or a list of them. Received: "
+                            f"{short_repr(item)} ({type(item).__name__}).")
+    return loggers
+
+
+def lightning_callbacks(callbacks: Any, enable_checkpointing: bool, enable_progress_bar: bool,
+                        enable_model_summary: bool) -> tuple[list[Callback], list[NativeCallback]]:
+    """The Lightning callbacks (given, then the defaults; checkpoint callbacks last) and the native
+    fittrain callbacks given beside them.
+
+    Raises:
+        TypeError: for an item that is neither.
+        ValueError: for a default switched off while its callback is given, as in Lightning.
+    """
+    given = [] if callbacks is None else [callbacks] if not isinstance(callbacks, (list, tuple)) else list(callbacks)
+    native = [cb for cb in given if isinstance(cb, NativeCallback)]
+    ours = [cb for cb in given if isinstance(cb, Callback)]
+    for cb in given:
+        if not isinstance(cb, (Callback, NativeCallback)):
+            raise TypeError(f"Trainer(callbacks=...) takes fittrain.lightning callbacks (subclasses of "
+                            f"fittrain.lightning.Callback) or fittrain callbacks. Received: {short_repr(cb)} "
+                            f"({type(cb).__name__}).")
+    for kind, enabled, argument in ((ModelCheckpoint, enable_checkpointing, "enable_checkpointing"),
+                                    (TQDMProgressBar, enable_progress_bar, "enable_progress_bar"),
+                                    (ModelSummary, enable_model_summary, "enable_model_summary")):
+        present = any(isinstance(cb, kind) for cb in ours)
+        if present and not enabled:
+            raise ValueError(f"Trainer was configured with `{argument}=False` but found `{kind.__name__}` in the "
+                             f"callbacks list. Remove it, or pass {argument}=True.")
+        if enabled and not present:
+            ours.append(kind())
+    checkpoints = [cb for cb in ours if isinstance(cb, ModelCheckpoint)]
+    others = [cb for cb in ours if not isinstance(cb, ModelCheckpoint)]
+    return others + checkpoints, native
+
+
+def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list[NativeCallback],
+                     options: dict[str, Any]) -> list[NativeCallback]:
+    """The native callback list of the Lightning Trainer: the given native ones, the Lightning ones'
+    natives in order, clipping and precision, then the connector, `min_*` limits and predictions."""
+    built: list[NativeCallback] = list(native)
+    for callback in callbacks:
+        built.extend(callback.native_callbacks(trainer))
+    if options["gradient_clip_val"]:
+        value = float(options["gradient_clip_val"])
+        built.append(GradClip(max_value=value) if options["gradient_clip_algorithm"] == "value" else GradClip(value))
+    if options["precision"] != "no":
+        built.append(MixedPrecision(options["precision"]))
+    built.append(LoggerConnector(trainer))
+    if options["min_epochs"] or options["min_steps"]:
+        built.append(MinimumLimits(options["min_epochs"], options["min_steps"]))
+    built.append(trainer.predictions)
+    return built
+
+
+def progress_bar_of(callbacks: list[Callback]) -> TQDMProgressBar | None:
+    return next((cb for cb in callbacks if isinstance(cb, TQDMProgressBar)), None)
+
+
+__all__ = ["Predictions", "configure_loggers", "lightning_callbacks", "native_callbacks", "progress_bar_of"]

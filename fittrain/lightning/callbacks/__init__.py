@@ -1,0 +1,18 @@
+"""`lightning.pytorch.callbacks`' names, mapped onto fittrain's callbacks.
+
+    Callback             Lightning's base class (hooks take trainer, pl_module, ...)  base.py
+    ModelCheckpoint      -> fittrain.callbacks.Checkpointer                          model_checkpoint.py
+    EarlyStopping        -> fittrain.callbacks.EarlyStop, Lightning's check points    early_stopping.py
+    LearningRateMonitor  lr-<Optimizer> to the loggers                                lr_monitor.py
+    ModelSummary         the parameter table (fittrain.trainer.summary)               model_summary.py
+    TQDMProgressBar      -> fittrain's ProgressBar                                    progress.py
+"""
+
+from fittrain.lightning.callbacks.base import Callback
+from fittrain.lightning.callbacks.early_stopping import EarlyStopping
+from fittrain.lightning.callbacks.lr_monitor import LearningRateMonitor
+from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
+from fittrain.lightning.callbacks.model_summary import ModelSummary
+from fittrain.lightning.callbacks.progress import TQDMProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "TQDMProgressBar"]

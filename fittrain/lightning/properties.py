@@ -1,0 +1,206 @@
+"""The Lightning Trainer's read-only attributes a program reads: metrics, loop counters, processes,
+loggers and callbacks, each mapped onto the native Trainer's state (a mixin of `Trainer`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fittrain.lightning.callbacks.early_stopping import EarlyStopping
+from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
+from fittrain.lightning.callbacks.progress import TQDMProgressBar
+from fittrain.lightning.loggers.files import CSVLogger, TensorBoardLogger
+
+if TYPE_CHECKING:
+    from fittrain.lightning.loggers.base import Logger
+
+
+class LightningAttributes:
+    """Lightning's Trainer attributes over the native state; see the Trainer's docstring for what differs."""
+
+    # ----------------------------------------------------------------- metrics (fittrain/lightning/metrics.py)
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """What `self.log` recorded in this run, by name (`x`, `x_step`, `x_epoch`), as tensors."""
+        return self.logged_names.callback_metrics(self.state.raw_metrics)
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """The names logged with logger=True (`x`, or `x_step` and `x_epoch`), as tensors."""
+        return self.logged_names.logged_metrics(self.state.raw_metrics)
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The names logged with prog_bar=True, as floats."""
+        return self.logged_names.progress_bar_metrics(self.state.raw_metrics)
+
+    def logs_at_next_step(self) -> bool:
+        """Whether the loggers get a row after the coming optimizer step (Lightning's `should_update_logs`)."""
+        every = self.log_every_n_steps
+        return bool(every) and ((self.state.global_step + 1) % every == 0 or self.state.should_stop)
+
+    def add_callback_metrics(self, values: dict[str, torch.Tensor]) -> None:
+        """Puts `values` into `callback_metrics` (what Lightning's callbacks do with `.update`)."""
+        self.logged_names.extra.update(values)
+
+    # ----------------------------------------------------------------- the loop
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained (the epochs completed, after fit)."""
+        return self.state.epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (one per accumulation window, in manual optimization too)."""
+        return self.state.global_step
+
+    @property
+    def should_stop(self) -> bool:
+        """Set True to stop training at the end of this epoch (or after a mid-epoch validation)."""
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.state.should_stop = bool(value)
+
+    @property
+    def lightning_module(self) -> Any:
+        """The module of the current (or last) stage."""
+        return self._lightning_module
+
+    @property
+    def datamodule(self) -> Any:
+        """The datamodule of the current (or last) stage, or None."""
+        return self._datamodule
+
+    @property
+    def fitting(self) -> bool:
+        return self._stage == "fit"
+
+    @property
+    def training(self) -> bool:
+        return self._stage == "fit" and not self.evaluation.running and not self.sanity_checking
+
+    @property
+    def validating(self) -> bool:
+        return self._stage == "validate" or (self._stage == "fit" and self.evaluation.running)
+
+    @property
+    def testing(self) -> bool:
+        return self._stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self._stage == "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        return self._stage in ("validate", "test")
+
+    @property
+    def checks_validation_every_epoch(self) -> bool:
+        """Lightning's test for checking at epoch ends: val_check_interval 1.0, check_val_every_n_epoch 1."""
+        return self.val_check_interval == 1.0 and self.check_val_every_n_epoch == 1
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """The optimizer steps the fit will take (Lightning's: from max_steps, else the epochs' batches)."""
+        if self.max_steps:
+            return self.max_steps
+        batches = self._training_batches()
+        if self.max_epochs is None or batches is None:
+            return math.inf
+        return math.ceil(batches / self.accumulate_grad_batches) * self.max_epochs
+
+    def _training_batches(self) -> int | None:
+        known = getattr(self, "num_training_batches", None)
+        if isinstance(known, int) and known > 0:
+            return known
+        loader = getattr(self.data, "last_train_loader", None)
+        try:
+            length = len(loader)
+        except TypeError:
+            return None
+        return math.ceil(length / self.accelerator.num_processes)
+
+    # ----------------------------------------------------------------- processes
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def global_rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def local_rank(self) -> int:
+        return self.accelerator.local_process_index
+
+    @property
+    def node_rank(self) -> int:
+        return self.accelerator.process_index // max(self.num_devices, 1)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def device_ids(self) -> list[int]:
+        device = self.accelerator.device
+        return [device.index if device.index is not None else 0]
+
+    # ----------------------------------------------------------------- loggers and callbacks
+    @property
+    def loggers(self) -> "list[Logger]":
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: "list[Logger]") -> None:
+        self._loggers = list(loggers)
+
+    @property
+    def logger(self) -> "Logger | None":
+        """The first logger, or None."""
+        return self._loggers[0] if self._loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's folder (its `log_dir` for TensorBoard and CSV, else its `save_dir`), or
+        `default_root_dir` without a logger."""
+        if not self._loggers:
+            return self.default_root_dir
+        logger = self._loggers[0]
+        self.settle_logger_versions()
+        folder = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
+        return os.fspath(folder) if folder is not None else self.default_root_dir
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        return [cb for cb in self.lightning_callbacks if isinstance(cb, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first ModelCheckpoint, or None."""
+        return next(iter(self.checkpoint_callbacks), None)
+
+    @property
+    def early_stopping_callbacks(self) -> list[EarlyStopping]:
+        return [cb for cb in self.lightning_callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> EarlyStopping | None:
+        return next(iter(self.early_stopping_callbacks), None)
+
+    @property
+    def progress_bar_callback(self) -> TQDMProgressBar | None:
+        return next((cb for cb in self.lightning_callbacks if isinstance(cb, TQDMProgressBar)), None)
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The schedulers `configure_optimizers` returned, with their "name" and "interval" (Lightning's
+        LRSchedulerConfig), as the LightningModule recorded them."""
+        module = self._lightning_module
+        return list(getattr(module, "lr_scheduler_configs", [])) if module is not None else []

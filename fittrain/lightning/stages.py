@@ -1,0 +1,101 @@
+"""Lightning's stage hooks around the native DataStages: where `setup(stage)` and `teardown(stage)`
+of the callbacks and the module run, and where loaders come from when none is given.
+
+Lightning's order, which `LightningStages` keeps (the datamodule's part is the native one):
+
+    datamodule.prepare_data()    once per node          (fittrain/trainer/datamodule.py)
+    datamodule.setup(stage)
+    callback.setup(trainer, module, stage)   for each Lightning callback, in list order
+    module.setup(stage)
+    ... the stage (on_fit_start, ...) ...
+    datamodule.teardown(stage), callback.teardown(...), module.teardown(stage), logger.finalize("success")
+
+Without loaders and without a datamodule, the module's own `train_dataloader()`,
+`val_dataloader()`, ... are read, after its `setup` (it may build the datasets there), as Lightning does.
+The loggers' versions are settled at setup, the main process's choice on every process, so that
+`trainer.log_dir` and the checkpoint folder are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from fittrain.trainer.datamodule import DataStages
+
+if TYPE_CHECKING:
+    from fittrain.lightning.trainer import Trainer
+
+#: The module method each stage reads its loader from, when neither loaders nor a datamodule are given.
+MODULE_LOADERS = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+
+
+def _module_loader(module: Any, method: str) -> Any:
+    """`module.<method>()` when the module's class defines it, else None."""
+    return getattr(module, method)() if callable(getattr(type(module), method, None)) else None
+
+
+class LightningStages(DataStages):
+    """The native DataStages plus Lightning's setup and teardown hooks (see the module docstring).
+
+    Args:
+        trainer: The Lightning Trainer whose callbacks, module and loggers take part.
+    """
+
+    def __init__(self, trainer: "Trainer") -> None:
+        super().__init__(trainer.accelerator)
+        self.trainer = trainer
+        self._module: Any = None
+        self.last_train_loader: Any = None  # for Trainer.estimated_stepping_batches
+
+    def fit_loaders(self, module: Any, train: tuple[Any, Any], val: tuple[Any, Any],
+                    datamodule: Any) -> tuple[Any, Any]:
+        if datamodule is None and all(loader is None for loader in train):
+            self._setup("fit", module)
+            train = (_module_loader(module, "train_dataloader"), None)
+            if all(loader is None for loader in val):
+                val = (_module_loader(module, "val_dataloader"), None)
+            loaders = super().fit_loaders(module, train, val, None)
+        else:
+            loaders = super().fit_loaders(module, train, val, datamodule)
+            self._setup("fit", module)
+        self.last_train_loader = loaders[0]
+        return loaders
+
+    def loader(self, stage: str, loader: Any, dataloaders: Any, datamodule: Any) -> Any:
+        module = self.trainer.lightning_module
+        if datamodule is None and loader is None and dataloaders is None:
+            self._setup(stage, module)
+            return super().loader(stage, _module_loader(module, MODULE_LOADERS[stage]), None, None)
+        found = super().loader(stage, loader, dataloaders, datamodule)
+        self._setup(stage, module)
+        return found
+
+    def end(self, stage: str) -> None:
+        """The datamodule's teardown (native), then the callbacks', the module's and the loggers' ends;
+        after an exception only the datamodule's (Lightning tears the others down on success only)."""
+        failed = sys.exc_info()[0] is not None
+        super().end(stage)
+        module, self._module = self._module, None
+        trainer = self.trainer
+        if module is None:
+            return
+        for logger in trainer.loggers:
+            logger.finalize("failed" if failed else "success")
+        if failed:
+            return
+        for callback in trainer.lightning_callbacks:
+            callback.teardown(trainer, module, stage)
+        teardown = getattr(module, "teardown", None)
+        if callable(teardown):
+            teardown(stage)
+
+    def _setup(self, stage: str, module: Any) -> None:
+        trainer = self.trainer
+        trainer.settle_logger_versions()
+        self._module = module
+        for callback in trainer.lightning_callbacks:
+            callback.setup(trainer, module, stage)
+        setup = getattr(module, "setup", None)
+        if callable(setup):
+            setup(stage)

@@ -1,0 +1,270 @@
+"""Lightning's `Trainer`: its arguments, defaults and attributes over fittrain's native Trainer.
+
+The loop is the native one (fittrain/trainer/trainer.py); this class turns Lightning's arguments
+into the native Trainer's and into callbacks (fittrain/lightning/build.py), calls Lightning's stage
+hooks (fittrain/lightning/stages.py), keeps Lightning's metric views (fittrain/lightning/metrics.py)
+and returns what Lightning's `fit`/`validate`/`test`/`predict` return. An argument fittrain cannot
+honour raises when the Trainer is built, naming it and the fittrain way (fittrain/lightning/arguments.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+from fittrain.accelerator.accelerator import Accelerator
+from fittrain.checkpoint.naming import ProjectConfiguration
+from fittrain.common.checks import check_non_negative_int, check_positive_int
+from fittrain.distributed.parallel import check_strategy
+from fittrain.lightning import arguments as args
+from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks
+from fittrain.lightning.connector import Predictions
+from fittrain.lightning.metrics import LoggedNames
+from fittrain.lightning.module import LightningModule, check_lightning_module
+from fittrain.lightning.properties import LightningAttributes
+from fittrain.lightning.stages import LightningStages
+from fittrain.lightning.verbose import print_results
+from fittrain.trainer.datamodule import DataModule
+from fittrain.trainer.evaluation import as_test_name
+from fittrain.trainer.trainer import Trainer as NativeTrainer
+
+_PRECISION_NAMES = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+class Trainer(LightningAttributes, NativeTrainer):
+    """Lightning's `Trainer(...)` (keyword arguments only, Lightning's defaults), running fittrain's loop.
+
+    Lightning's arguments map onto the native Trainer (max_epochs/max_steps, accumulate_grad_batches,
+    val_check_interval, check_val_every_n_epoch, limit_*_batches, fast_dev_run, overfit_batches,
+    num_sanity_val_steps, max_time, deterministic, default_root_dir) and onto callbacks (precision ->
+    MixedPrecision, gradient_clip_val -> GradClip, logger -> the loggers, enable_checkpointing ->
+    ModelCheckpoint, ...). Processes are started by `fittrain launch` or torchrun, not by the Trainer:
+    `devices`/`num_nodes` must describe that job. docs/migration.md has the table of every argument.
+
+    Raises:
+        ValueError: for an argument fittrain.lightning does not support, naming the fittrain way.
+        TypeError: for a logger or callback that is not one of fittrain.lightning's (or fittrain's).
+    """
+
+    def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
+                 num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
+                 fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,
+                 max_steps: int = -1, min_steps: int | None = None, max_time: Any = None,
+                 limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
+                 overfit_batches: int | float = 0.0, val_check_interval: int | float | None = None,
+                 check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int | None = None,
+                 log_every_n_steps: int | None = None, enable_checkpointing: bool | None = None,
+                 enable_progress_bar: bool | None = None, enable_model_summary: bool | None = None,
+                 accumulate_grad_batches: int = 1, gradient_clip_val: int | float | None = None,
+                 gradient_clip_algorithm: str | None = None, deterministic: bool | str | None = None,
+                 benchmark: bool | None = None, inference_mode: bool = True, use_distributed_sampler: bool = True,
+                 profiler: Any = None, detect_anomaly: bool = False, barebones: bool = False, plugins: Any = None,
+                 sync_batchnorm: bool = False, reload_dataloaders_every_n_epochs: int = 0,
+                 default_root_dir: Any = None, enable_autolog_hparams: bool = True,
+                 model_registry: str | None = None) -> None:
+        given = dict(locals())
+        args.check_refused(given)
+        for flag in ("inference_mode", "detect_anomaly", "barebones", "sync_batchnorm", "enable_autolog_hparams"):
+            args.check_flag(flag, given[flag], (True, False))
+        processes = args.processes(accelerator, strategy, devices, num_nodes)
+        defaults = args.opt_out_defaults(given)
+        on_cpu = processes.cpu or not torch.cuda.is_available()
+        mixed = args.precision_of(precision, on_cpu)
+        max_epochs_native, max_steps_native = args.loop_limits(max_epochs, max_steps, max_time)
+        self.default_root_dir = os.getcwd() if default_root_dir is None else os.fspath(default_root_dir)
+        self._processes, self._cpu = processes, processes.cpu
+        self.logged_names = LoggedNames()
+        self.predictions = Predictions()
+        self._loggers = configure_loggers(defaults["logger"], self.default_root_dir)
+        self._versions_settled = False
+        self._lightning_module: Any = None
+        self._datamodule: Any = None
+        self._stage: str | None = None
+        if fast_dev_run:
+            self._loggers = []  # Lightning swaps them for a logger that writes nothing
+        self.lightning_callbacks, given_native = lightning_callbacks(
+            callbacks, defaults["enable_checkpointing"], defaults["enable_progress_bar"],
+            defaults["enable_model_summary"])
+        clip = args.gradient_clipping(gradient_clip_val, gradient_clip_algorithm)
+        self._remember(given, defaults, mixed, clip)
+        options = {"gradient_clip_val": clip[0], "gradient_clip_algorithm": clip[1], "precision": mixed,
+                   "min_epochs": args.check_minimum("min_epochs", min_epochs),
+                   "min_steps": args.check_minimum("min_steps", min_steps)}
+        natives = native_callbacks(self, self.lightning_callbacks, given_native, options)
+        val_epochs, val_steps = args.validation_interval(val_check_interval, check_val_every_n_epoch,
+                                                         accumulate_grad_batches)
+        super().__init__(
+            callbacks=natives, max_epochs=max_epochs_native, max_steps=max_steps_native,
+            gradient_accumulation_steps=accumulate_grad_batches, project_dir=self.default_root_dir,
+            val_every_n_epochs=val_epochs, val_every_n_steps=val_steps, strategy=processes.strategy,
+            enable_progress_bar=defaults["enable_progress_bar"], limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
+            num_sanity_val_steps=defaults["num_sanity_val_steps"], max_time=max_time, deterministic=deterministic,
+            enable_model_summary=False)  # ModelSummary prints it, with its max_depth
+        if max_epochs_native is None and max_steps_native is None and max_time is None:
+            self.max_epochs = None  # max_epochs=-1: no limit (the native default would be one epoch)
+        self.data = LightningStages(self)
+        args.apply_benchmark(benchmark)
+
+    def _remember(self, given: dict[str, Any], defaults: dict[str, Any], mixed: str,
+                  clip: tuple[float | None, str | None]) -> None:
+        """Lightning's attributes for its arguments, as a program reads them back."""
+        self.accumulate_grad_batches = given["accumulate_grad_batches"]
+        self.gradient_clip_val, self.gradient_clip_algorithm = clip
+        self.log_every_n_steps = check_non_negative_int("log_every_n_steps", defaults["log_every_n_steps"],
+                                                        owner="Trainer")
+        self.val_check_interval = 1.0 if given["val_check_interval"] is None else given["val_check_interval"]
+        self.check_val_every_n_epoch = given["check_val_every_n_epoch"]
+        self.num_sanity_val_steps = defaults["num_sanity_val_steps"]
+        self.min_epochs, self.min_steps = given["min_epochs"], given["min_steps"]
+        self.precision = _PRECISION_NAMES[mixed]
+        self.barebones = given["barebones"]
+        self.enable_autolog_hparams = given["enable_autolog_hparams"]
+        self.num_nodes, self.num_devices = self._processes.num_nodes, self._processes.num_devices
+        self._detect_anomaly = given["detect_anomaly"]
+        self._sync_batchnorm = given["sync_batchnorm"]
+
+    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
+        """The native Trainer's Accelerator, on the CPU for accelerator="cpu", with DDP's
+        find_unused_parameters for strategy="ddp_find_unused_parameters_true"."""
+        from fittrain.accelerator.configuration import DistributedDataParallelKwargs  # only this Trainer needs it
+
+        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] \
+            if self._processes.find_unused_parameters else None
+        return Accelerator(
+            gradient_accumulation_steps=check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps),
+            strategy=check_strategy(strategy), cpu=self._cpu, kwargs_handlers=handlers,
+            project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
+                                                automatic_checkpoint_naming=True))
+
+    # ----------------------------------------------------------------- stages
+    def fit(self, model: LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: DataModule | None = None, ckpt_path: Any = None, weights_only: bool | None = None) -> None:
+        """Lightning's `fit`: trains `model`, resuming from `ckpt_path` (a checkpoint folder, "last" or "best")."""
+        if isinstance(train_dataloaders, DataModule):
+            datamodule, train_dataloaders = train_dataloaders, None
+        args.check_loaders("train_dataloaders", train_dataloaders)
+        args.check_loaders("val_dataloaders", val_dataloaders)
+        self._start_stage("fit", model, datamodule)
+        args.check_clipping(model, self.gradient_clip_val)
+        before = self.resume_from
+        self.resume_from = self._resume_path(ckpt_path)
+        try:
+            with self._fit_context(model):
+                super().fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
+                            datamodule=datamodule)
+        finally:
+            self.resume_from = before
+
+    def validate(self, model: LightningModule | None = None, dataloaders: Any = None, ckpt_path: Any = None,
+                 verbose: bool = True, datamodule: DataModule | None = None,
+                 weights_only: bool | None = None) -> list[dict[str, float]]:
+        """Lightning's `validate`: `[{name: value}]`, the names logged with logger=True."""
+        model, ckpt_path, datamodule = self._evaluation_inputs("validate", model, ckpt_path, dataloaders, datamodule)
+        super().validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        return self._results(verbose, "Validate")
+
+    def test(self, model: LightningModule | None = None, dataloaders: Any = None, ckpt_path: Any = None,
+             verbose: bool = True, datamodule: DataModule | None = None,
+             weights_only: bool | None = None) -> list[dict[str, float]]:
+        """Lightning's `test`: `[{name: value}]`, the names logged with logger=True, as logged (no `test_` prefix)."""
+        model, ckpt_path, datamodule = self._evaluation_inputs("test", model, ckpt_path, dataloaders, datamodule)
+        if not model.has_test_step():
+            raise NotImplementedError(f"No `test_step()` method defined to run `Trainer.test`: {type(model).__name__} "
+                                      "must implement test_step(self, batch, batch_idx).")
+        results = super().test(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        raw = self.state.raw_metrics
+        for name in list(self.logged_names.callback):  # the native test names them test_*: put them back
+            if as_test_name(name) in results:
+                raw[name] = results[as_test_name(name)]
+        return self._results(verbose, "Test")
+
+    def predict(self, model: LightningModule | None = None, dataloaders: Any = None,
+                datamodule: DataModule | None = None, return_predictions: bool | None = None, ckpt_path: Any = None,
+                weights_only: bool | None = None) -> list[Any] | None:
+        """Lightning's `predict`: this process's `predict_step` output of each batch, in a list."""
+        model, ckpt_path, datamodule = self._evaluation_inputs("predict", model, ckpt_path, dataloaders, datamodule)
+        self.predictions.outputs = []
+        try:
+            super().predict(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
+                            all_processes=True)
+            outputs = self.predictions.outputs
+        finally:
+            self.predictions.outputs = None
+        return None if return_predictions is False else outputs
+
+    # ----------------------------------------------------------------- helpers
+    def _start_stage(self, stage: str, model: Any, datamodule: Any) -> None:
+        if not isinstance(model, LightningModule):
+            raise TypeError(f"`model` must be a `LightningModule` (fittrain.lightning.LightningModule). Received: "
+                            f"{type(model).__name__}.")
+        check_lightning_module(model)
+        self.logged_names.reset()
+        self._stage, self._lightning_module = stage, model
+        if datamodule is not None:
+            self._datamodule = datamodule
+            if isinstance(datamodule, DataModule):
+                datamodule.trainer = self
+
+    def _evaluation_inputs(self, stage: str, model: Any, ckpt_path: Any, loaders: Any,
+                           datamodule: Any) -> tuple[Any, Any, Any]:
+        """The module (the fitted one when None) and Lightning's choice of checkpoint: "best" when no
+        module is given after a fit with a ModelCheckpoint that saved."""
+        if isinstance(loaders, DataModule):
+            datamodule, loaders = loaders, None
+        args.check_loaders("dataloaders", loaders)
+        given = model is not None
+        model = model if given else self._lightning_module
+        if model is None:
+            raise TypeError(f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a "
+                            "previous run. Pass the model.")
+        if ckpt_path is None and not given and self.checkpoint_callback is not None \
+                and self.checkpoint_callback.best_model_path:
+            ckpt_path = "best"
+        self._start_stage(stage, model, datamodule)
+        return model, ckpt_path, datamodule
+
+    def _resume_path(self, ckpt_path: Any) -> Any:
+        """fit's `ckpt_path` as the native `resume_from`: a folder, or the ModelCheckpoint's "last"/"best" save."""
+        if ckpt_path in ("last", "best"):
+            callback = self.checkpoint_callback
+            path = (callback.last_model_path or callback.best_model_path) if ckpt_path == "last" and callback else \
+                callback.best_model_path if callback else ""
+            if not path:
+                raise ValueError(f"fit(ckpt_path={ckpt_path!r}): there is no {ckpt_path} checkpoint of a previous fit "
+                                 "of this Trainer. Pass a checkpoint folder, or ckpt_path=None.")
+            return path
+        return ckpt_path
+
+    @contextlib.contextmanager
+    def _fit_context(self, model: Any) -> Any:
+        if self._sync_batchnorm and self.accelerator.num_processes > 1:
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        with torch.autograd.set_detect_anomaly(self._detect_anomaly) if self._detect_anomaly \
+                else contextlib.nullcontext():
+            yield
+
+    def _results(self, verbose: bool, title: str) -> list[dict[str, float]]:
+        raw = self.state.raw_metrics
+        results = {name: float(raw[name]) for name in self.logged_names.logged if name in raw}
+        if verbose and self.is_global_zero:
+            print_results(title, results)
+        return [results]
+
+    def settle_logger_versions(self) -> None:
+        """Gives every logger the version the main process chose (the others may see other folders)."""
+        if self._versions_settled:
+            return
+        self._versions_settled = True
+        versions = [getattr(logger, "version", None) for logger in self._loggers]
+        if self.accelerator.num_processes > 1:
+            versions = self.accelerator.broadcast(versions)
+        for logger, version in zip(self._loggers, versions):
+            settle = getattr(logger, "_settle_version", None)
+            if settle is not None and version is not None:
+                settle(version)
