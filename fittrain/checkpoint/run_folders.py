@@ -13,7 +13,7 @@ that made each; the main process adds a name when it reserves it, before the che
 written, so a committed checkpoint is always listed (`record_save`; a failed save leaves a name
 whose folder never appears, which is skipped). `saved_in_order` reads it; a folder it does not list
 (its file lost, or written by an older version) counts as older than every listed one, ordered by
-the step its accelerator_state.json records.
+the data position its accelerator_state.json records.
 
 `point_link` makes `last` (a Checkpointer's `save_last`) a symbolic link to the newest save,
 replaced in one rename, so it never dangles or holds half a checkpoint.
@@ -42,7 +42,7 @@ _CHECKPOINT_NAME = re.compile(r"checkpoint_[0-9]+")
 _MAX_RUN_FILE = 4096  # bytes
 _MAX_SAVES_FILE = 16 * 1024 * 1024  # bytes: a few hundred thousand saves
 _SAVES_FORMAT = "fittrain-saves"
-# snapshot.META_NAME: the step a checkpoint holds orders folders that saves.json does not list.
+# snapshot.META_NAME: the data position it holds orders folders that saves.json does not list.
 _META_NAME = "accelerator_state.json"
 _MAX_NAME = 200  # bytes: room for ".{name}.tmp" and other siblings' suffixes within 255
 
@@ -161,8 +161,8 @@ def saved_in_order(folder: pathlib.Path) -> list[pathlib.Path]:
 
     Candidates are `checkpoint_{i}` folders, folders saves.json lists, and other folders holding a
     manifest; hidden names and links (`last`) are not. Those saves.json lists come last, in its
-    order; the others before them, by the step their accelerator_state.json holds, then by number
-    and name. Without saves.json, `checkpoint_{i}` folders are simply in number order.
+    order; the others before them, by the data position their accelerator_state.json holds, then
+    by number and name. Without saves.json, `checkpoint_{i}` folders are simply in number order.
 
     Returns:
         Oldest first; empty when `folder` does not exist.
@@ -177,23 +177,25 @@ def saved_in_order(folder: pathlib.Path) -> list[pathlib.Path]:
              or os.path.isfile(os.path.join(entry.path, MANIFEST_NAME))]
     if not position and all(is_numbered(path.name) for path in found):
         return sorted(found, key=_number)
-    return sorted(found, key=lambda path: (1, position[path.name], 0, "") if path.name in position
-                  else (0, _saved_step(path), _number(path), path.name))
+    return sorted(found, key=lambda path: (1, position[path.name]) if path.name in position
+                  else (0, _saved_position(path), _number(path), path.name))
 
 
 def _number(path: pathlib.Path) -> int:
     return int(path.name[len("checkpoint_"):]) if is_numbered(path.name) else -1
 
 
-def _saved_step(checkpoint: pathlib.Path) -> int:
-    """The step counter a checkpoint's accelerator_state.json holds; -1 when unreadable."""
+def _saved_position(checkpoint: pathlib.Path) -> list[tuple[int, int]]:
+    """How far a checkpoint's data loaders were, (epoch, batches consumed) each, as its
+    accelerator_state.json records them (the training loader first, in a Trainer's); [] when unreadable.
+    Within a run, a later save is further."""
     try:
         with open(checkpoint / _META_NAME, "rb") as f:
             raw = f.read(_MAX_SAVES_FILE + 1)
-        value = json.loads(raw).get("step") if len(raw) <= _MAX_SAVES_FILE else None
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return -1
-    return value if is_int(value) and value >= 0 else -1
+        loaders = json.loads(raw).get("dataloaders") if len(raw) <= _MAX_SAVES_FILE else None
+        return [(int(loader["epoch"]), int(loader["batches_consumed"])) for loader in loaders]
+    except (OSError, ValueError, AttributeError, RecursionError, TypeError, KeyError):
+        return []
 
 
 def holds_checkpoints(folder: pathlib.Path) -> bool:
