@@ -1,22 +1,37 @@
-"""Checkpointer: save the whole training state every n optimizer steps and/or every n epochs,
-and, with a monitored metric, keep the best checkpoints."""
+"""Checkpointer: save the whole training state every n optimizer steps and/or every n epochs, into
+the run's folder or `dirpath`, named by number or by a Lightning `filename` template; with a
+monitored metric, keep the best checkpoints; with `save_last`, keep a `last` link to the newest."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import pathlib
-import secrets
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from fittrain.checkpoint import CheckpointError
 from fittrain.checkpoint.arguments import check_async_save
-from fittrain.checkpoint.naming import PREFIX, ProjectConfiguration, delete_checkpoints, is_checkpoint_name
-from fittrain.common.checks import check_choice, check_positive_int
+from fittrain.checkpoint.naming import ProjectConfiguration, delete_checkpoints
+from fittrain.checkpoint.run_folders import holds_checkpoints, is_plain_name
+from fittrain.common.checks import check_bool, check_choice, check_positive_int
 from fittrain.common.reprs import short_repr
 from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trainer.monitor import Monitor
+
+from .checkpoint_names import (
+    LastLink,
+    NameTemplate,
+    Ranking,
+    SavePlan,
+    candidate_names,
+    check_dirpath,
+    check_save_last,
+    check_writable,
+    decode_ranking,
+    encode_ranking,
+    plan_save,
+)
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -49,116 +64,39 @@ def _check_monitoring(monitor: Any, mode: Any, save_top_k: Any, restore_best: An
     return watched
 
 
-class _Ranking:
-    """The monitored checkpoints not yet deleted, in save order, with their scores.
-
-    The best is first by the monitor's mode (`Monitor.rank_key`: NaN and infinite scores rank
-    below every finite one), and a tie goes to the earlier save. The top k plus the newest are kept.
-    """
-
-    def __init__(self, monitor: Monitor | None, top_k: int | None) -> None:
-        self._monitor = monitor
-        self._top_k = top_k
-        self.entries: list[tuple[float, str]] = []
-
-    def _ordered(self) -> list[int]:
-        rank = self._monitor.rank_key
-        return sorted(range(len(self.entries)), key=lambda i: (*rank(self.entries[i][0]), i))
-
-    def best(self) -> tuple[float, str]:
-        """The best entry's (score, name); call only when there are entries."""
-        return self.entries[self._ordered()[0]]
-
-    def beaten(self) -> list[str]:
-        """The names neither among the top k nor the newest; none without a top k."""
-        if self._top_k is None:
-            return []
-        keep = set(self._ordered()[:self._top_k]) | {len(self.entries) - 1}
-        return [name for i, (_, name) in enumerate(self.entries) if i not in keep]
-
-    def forget(self, names: list[str]) -> None:
-        gone = set(names)
-        self.entries = [entry for entry in self.entries if entry[1] not in gone]
-
-
-_NOT_FINITE = ("nan", "inf", "-inf")
-
-
-def _encode(entries: list[tuple[float, str]]) -> list[list[Any]]:
-    """JSON-safe [score, name] pairs: a NaN or infinite score is written as 'nan', 'inf' or '-inf'."""
-    return [[score if math.isfinite(score) else repr(score), name] for score, name in entries]
-
-
-def _decode(raw: Any) -> list[tuple[float, str]]:
-    """Reads what `_encode` wrote, refusing anything else (a name that is not checkpoint_{i} above all,
-    since the names are deleted)."""
-    entries = []
-    for item in raw if isinstance(raw, list) else [raw]:
-        pair = isinstance(item, (list, tuple)) and len(item) == 2
-        score, name = item if pair else (None, None)
-        number = isinstance(score, (int, float)) and not isinstance(score, bool)
-        spelled = isinstance(score, str) and score in _NOT_FINITE
-        if not (isinstance(name, str) and is_checkpoint_name(name) and (number or spelled)):
-            raise CheckpointError(
-                f"The Checkpointer's state in this checkpoint holds a damaged ranking entry: {item!r:.120}. "
-                f"Each must be [score, '{PREFIX}<i>']. Resume from another checkpoint, or without monitor=....")
-        entries.append((float(score), name))
-    return entries
-
-
-def _check_writable(folder: pathlib.Path) -> None:
-    """Creates `folder` and a probe file in it, so an unwritable folder fails now, not at the first save.
-
-    Raises:
-        OSError: of the same kind and errno as the failure, naming the folder and the fix.
-    """
-    probe = folder / f".write-probe-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.touch(exist_ok=False)
-        probe.unlink()
-    except OSError as err:
-        raise OSError(
-            err.errno,
-            f"Checkpointer cannot write checkpoints to {str(folder)!r}: {err.strerror or err}. Pass a "
-            "writable project_dir to the Trainer (or to the Accelerator's ProjectConfiguration), or make "
-            "that folder writable.",
-        ) from err
-
-
 class Checkpointer(Callback):
-    """Saves checkpoints with `accelerator.save_state()` into the run's folder.
+    """Saves checkpoints with `accelerator.save_state()` into the run's folder, or `dirpath`.
 
-    The folders are `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`: each fit is a run with
-    its own folder (`trainer.run_name`, which also names its logs), and `i` counts that run's
-    saves from 0. Each folder holds everything a resume needs (model, optimizer, scheduler,
-    scaler, RNG, data position, trainer and callback states); `model.safetensors` loads with
-    safetensors alone. A resumed run saves on into its run's folder, numbering on after its
-    newest folder, so nothing is ever overwritten; `total_limit` and `save_top_k` delete only
-    folders of this run, never another run's. Every process takes part in a save (it is
-    collective); only the main process writes shared files. A step is saved at most once, even
-    when both triggers fire.
-
-    With `async_save=True` a save copies the state to CPU memory and returns; the files are
-    written on a background thread while training goes on, and the folder appears when they are
-    complete. The next save, a preemption save, the end of fit and an exception wait for it.
+    By default the folders are `{project_dir}/checkpoints/{run_name}/checkpoint_{i}`, `i` counting
+    the run's saves; with `dirpath` they go into that folder (runs may share it), and with
+    `filename` each is named by Lightning's template ("{epoch}-{step}" -> "epoch=2-step=30"; a
+    name that exists gets "-v1", "-v2", ...: nothing is overwritten). Every save is an atomic,
+    verified folder holding everything a resume needs; `model.safetensors` loads with safetensors
+    alone. The order of saves is recorded (saves.json), so "latest" resumes the newest save, never
+    the greatest name; a resumed run saves on in its folder, numbering, ranking and versioning on.
+    `total_limit` and `save_top_k` delete only folders this run saved. Every process takes part
+    in a save; the main process writes shared files. A step is saved at most once.
 
     With `monitor`, each save records the metric's latest value (saves come after the validation
-    of their step or epoch), and `trainer.best_checkpoint` and `trainer.best_score` name the best
-    save so far. With `save_top_k`, only the k best checkpoints plus the newest are kept (the
-    newest, so that `resume_from="latest"` resumes exactly); the others are deleted by the main
-    process once the newer save is committed. The ranking travels in checkpoints: a resumed run
-    keeps ranking and deleting (a run started from another run's checkpoint ranks only its own
-    saves). Folders it never ranked (a preemption save) are never deleted.
+    of their step or epoch), and `trainer.best_checkpoint` / `trainer.best_score` name the best so
+    far. With `save_top_k`, the k best plus the newest (which an exact resume needs) are kept; the
+    ranking travels in checkpoints. Folders it never ranked (a preemption save) are never deleted.
+    With `save_last`, `last` is a symbolic link to the newest save, swapped in one rename once that
+    save is committed: it always leads to a complete checkpoint and costs no copy (a copy where
+    links cannot be made). Its name is `CHECKPOINT_NAME_LAST` (a template) plus `FILE_EXTENSION`.
+
+    Lightning's attributes are kept on every process: `best_model_path` (without `monitor`, the
+    newest save), `best_model_score`, `best_k_models` (path -> score), `kth_best_model_path`,
+    `last_model_path` (the link), and `last_checkpoint` (the newest save); paths are str, "" before
+    any save. `Trainer.test(ckpt_path="best"|"last")` reads them. See docs/checkpoints.md.
 
     Args:
         every_n_steps: Save after every n-th optimizer step (accumulated batches count once).
         every_n_epochs: Save at the end of every n-th epoch, after its validation.
-        total_limit: Keep only the newest this many checkpoints. None keeps the Accelerator's
-            setting (unlimited unless configured).
-        async_save: Write checkpoints on a background thread; training stalls only while the
-            state is copied to CPU memory (a copy that is kept for the next save). See
-            `Accelerator.save_state`.
+        total_limit: Keep only the newest this many of this run's checkpoints. None keeps the
+            Accelerator's setting (unlimited unless configured).
+        async_save: Write checkpoints on a background thread, training going on meanwhile (see
+            `Accelerator.save_state`); the next save, the end of fit and an exception wait for it.
         monitor: The metric that ranks checkpoints, such as "val_loss" or a name that
             `validation_step` returns; None ranks nothing.
         mode: "min" if lower is better, "max" if higher is better.
@@ -166,24 +104,46 @@ class Checkpointer(Callback):
             not combined with `total_limit`.
         restore_best: At the end of fit, load the best checkpoint's weights into the module (on
             every process). Needs `monitor`.
+        dirpath: The folder to save into instead of the run's (relative to the working directory,
+            as in Lightning); created and checked writable when fit starts.
+        filename: A Lightning template of "{epoch}", "{step}" and metric names with format specs,
+            such as "{epoch}-{val_loss:.3f}"; a metric it names must exist at every save. None
+            names saves `checkpoint_{i}`.
+        save_last: True (or Lightning's "link", the same here) keeps `last` leading to the newest
+            save; a fit that saved nothing saves once when training ends, as in Lightning.
+        auto_insert_metric_name: Write each field's name before its value ("epoch=3"); False
+            writes values alone (and allows a metric name with '/' in `filename`).
 
     Raises:
         ValueError: when neither trigger is given, for a value that is not a positive integer,
-            for a bad `monitor` or `mode`, for `save_top_k` or `restore_best` without `monitor`,
-            and for `total_limit` with `monitor`; during fit, when `monitor` is not among the
-            metrics at the first save.
-        TypeError: when `async_save` or `restore_best` is not a bool.
+            for a bad `monitor`, `mode`, `filename` or `save_last`, for `save_top_k` or
+            `restore_best` without `monitor`, and for `total_limit` with `monitor`; during fit,
+            when `monitor` or a metric `filename` names is not among the metrics at the first save.
+        TypeError: when `async_save`, `restore_best` or `auto_insert_metric_name` is not a bool,
+            or `dirpath` is not a path.
 
     Example:
         >>> Trainer(callbacks=[Checkpointer(every_n_epochs=1, total_limit=3)]).fit(module, loader)
         >>> Trainer(resume_from="latest").fit(module, loader)  # continues the run, with the next number
         >>> Checkpointer(every_n_steps=500, async_save=True)  # training goes on while it writes
         >>> Checkpointer(every_n_epochs=1, monitor="val_acc", mode="max", save_top_k=3, restore_best=True)
+        >>> Checkpointer(every_n_epochs=1, dirpath="ckpts", filename="{epoch}-{val_loss:.3f}", save_last=True)
     """
+
+    #: Lightning's names: what joins a name to its version ("-v1"), a field's name to its value
+    #: ("epoch=3"), the `last` link's name (a template), an extension for every name (none:
+    #: checkpoints are folders), and the first version number.
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ""
+    STARTING_VERSION = 1
 
     def __init__(self, every_n_steps: int | None = None, every_n_epochs: int | None = None,
                  total_limit: int | None = None, async_save: bool = False, monitor: str | None = None,
-                 mode: str = "min", save_top_k: int | None = None, restore_best: bool = False) -> None:
+                 mode: str = "min", save_top_k: int | None = None, restore_best: bool = False,
+                 dirpath: str | os.PathLike | None = None, filename: str | None = None,
+                 save_last: bool | str = False, auto_insert_metric_name: bool = True) -> None:
         self.every_n_steps = _check_count("every_n_steps", every_n_steps)
         self.every_n_epochs = _check_count("every_n_epochs", every_n_epochs)
         self.total_limit = _check_count("total_limit", total_limit)
@@ -194,32 +154,62 @@ class Checkpointer(Callback):
             raise ValueError("`Checkpointer` needs a trigger: pass every_n_steps=... and/or every_n_epochs=... "
                              "Received: every_n_steps=None, every_n_epochs=None.")
         self.async_save = check_async_save(async_save, "Checkpointer")
+        self.dirpath = check_dirpath(dirpath)
+        self.save_last = check_save_last(save_last)
+        self.auto_insert_metric_name = check_bool("auto_insert_metric_name", auto_insert_metric_name,
+                                                  owner="Checkpointer")
+        self.filename = filename
+        self._templates()  # checks the filename (and CHECKPOINT_NAME_LAST) now
+        self._reset()
+        self._config: ProjectConfiguration | None = None
+
+    def _templates(self) -> tuple[NameTemplate | None, NameTemplate | None]:
+        """The filename's and the last link's templates, built with the class attributes as they are now."""
+        names = None if self.filename is None else NameTemplate(
+            self.filename, self.auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        last = None if not self.save_last else NameTemplate(self.CHECKPOINT_NAME_LAST, self.auto_insert_metric_name,
+                                                            self.CHECKPOINT_EQUALS_CHAR, "CHECKPOINT_NAME_LAST")
+        return names, last
+
+    def _reset(self) -> None:
+        """What one fit starts without: its saves, ranking, link and Lightning's attributes."""
         self.last_checkpoint: str | None = None
+        self.best_model_path, self.last_model_path, self.kth_best_model_path = "", "", ""
+        self.best_model_score: float | None = None
+        self.best_k_models: dict[str, float] = {}
         self._seen_step = 0
         self._last_saved_step: int | None = None
-        self._ranking = _Ranking(self._monitor, self.save_top_k)
-        self._config: ProjectConfiguration | None = None
-        self._saving: float | None = None  # the score of the save in progress, for state_dict
+        self._ranking = Ranking(self._monitor, self.save_top_k)
+        self._newest: str | None = None  # the newest save's folder name
+        self._link: LastLink | None = None  # made at fit start, when its folder is known
+        self._saving: SavePlan | None = None  # the save in progress, for state_dict
+        self._saved = False  # whether this fit saved (save_last saves at its end otherwise)
+        self._resumed = False
 
     def run_request(self) -> RunRequest:
         """It saves checkpoints into the run's folder: the Trainer takes one such callback."""
         return RunRequest(saves_checkpoints=True)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
-        """Switches the Accelerator to automatic checkpoint naming, which a user's Accelerator may lack,
-        and checks that the checkpoint folder is writable before the first step, not at the first save."""
+        """Switches the Accelerator to automatic checkpoint naming (which a user's Accelerator may lack),
+        points it at `dirpath`, and checks that the folder is writable before the first step."""
         config = trainer.accelerator.project_configuration
         config.automatic_checkpoint_naming = True
         if config.project_dir is None:
             config.set_directories(trainer.project_dir)
         if self.total_limit is not None:
             config.total_limit = self.total_limit
-        self.last_checkpoint, self._seen_step, self._last_saved_step = None, 0, None
-        self._config, self._ranking = config, _Ranking(self._monitor, self.save_top_k)
+        config.use_folder(self.dirpath)
+        self._config, self._names = config, self._templates()
+        self._reset()
+        self._link = LastLink(config.checkpoints_dir, self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION,
+                              self.FILE_EXTENSION)
         if self.monitor is not None:
             self._check_no_total_limit(config)
             trainer.best_checkpoint, trainer.best_score = None, None
-        _check_writable(config.checkpoints_dir)  # every process writes files there
+        given = "a writable dirpath" if self.dirpath else ("a writable project_dir to the Trainer (or to the "
+                                                           "Accelerator's ProjectConfiguration)")
+        check_writable(config.checkpoints_dir, given)  # every process writes files there
 
     def _check_no_total_limit(self, config: ProjectConfiguration) -> None:
         # The Accelerator's pruning would delete the oldest checkpoints, whatever their rank.
@@ -229,6 +219,14 @@ class Checkpointer(Callback):
                 f"ProjectConfiguration would also delete the oldest ones, maybe the best. Received: total_limit="
                 f"{config.total_limit} in trainer.accelerator.project_configuration. Set it to None, and pass "
                 "save_top_k=... to the Checkpointer to limit the checkpoints kept.")
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """Says when `dirpath` holds checkpoints this run did not resume from (they are kept beside its own)."""
+        folder = self._config.checkpoints_dir
+        if self.dirpath and not self._resumed and trainer.accelerator.is_main_process and holds_checkpoints(folder):
+            warnings.warn(f"Checkpointer(dirpath={self.dirpath!r}) holds checkpoints already. This run saves beside "
+                          "them (a name that exists gets -v1, -v2, ...) and deletes only its own; resume_from="
+                          "'latest' picks the newest save there.", stacklevel=2)
 
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """Notes the current step: a resumed run starts at its checkpoint's step, which is no new step.
@@ -252,43 +250,81 @@ class Checkpointer(Callback):
         if self.every_n_epochs is not None and (trainer.state.epoch + 1) % self.every_n_epochs == 0:
             self._save(trainer)
 
-    def _save(self, trainer: "Trainer") -> None:
+    def on_train_end(self, trainer: "Trainer") -> None:
+        """With `save_last`, a fit that saved nothing saves now, so that `last` exists (Lightning's rule)."""
+        if self.save_last and not self._saved:
+            self._save(trainer, lenient=True)
+
+    def _save(self, trainer: "Trainer", lenient: bool = False) -> None:
         step = trainer.state.global_step
         if step == self._last_saved_step:  # both triggers hit this step, or the run resumed at it
             return
-        score = self._read_score(trainer) if self.monitor is not None else None
-        if self.async_save and self.monitor is not None:
-            # The folders the previous save beat go only once that save is committed.
-            trainer.accelerator.wait_for_checkpoint()
-            self._delete_beaten(trainer)
+        if self.async_save:
+            self._settle(trainer)  # the previous save is committed: link it, delete what it beat
+        plan = self._plan(trainer, lenient)
+        if plan.name is not None:
+            self._config.name_next(candidate_names(plan.name, self.CHECKPOINT_JOIN_CHAR, self.STARTING_VERSION,
+                                                   self.FILE_EXTENSION))
         # Set before saving: this callback's state is written into the checkpoint being made.
-        self._last_saved_step, self._saving = step, score
+        self._last_saved_step, self._saving = step, plan
         try:
             self.last_checkpoint = trainer.accelerator.save_state(async_save=self.async_save)
         finally:
             self._saving = None
-        if score is not None:
-            self._ranking.entries.append((score, pathlib.Path(self.last_checkpoint).name))
-            self._publish(trainer)
-            if not self.async_save:
-                self._delete_beaten(trainer)
+        self._newest, self._saved = pathlib.Path(self.last_checkpoint).name, True
+        if plan.score is not None:
+            self._ranking.entries.append((plan.score, self._newest))
+        if plan.link is not None:
+            self._link.plan(plan.link, self._newest)
+        self._publish(trainer)
+        if not self.async_save:
+            self._settle(trainer)
 
-    def _read_score(self, trainer: "Trainer") -> float:
-        """The monitored value now, the main process's on every process (train_loss differs per process)."""
-        metrics = trainer.state.metrics
-        value, names = trainer.accelerator.broadcast((self._monitor.read(metrics), sorted(metrics)))
-        if value is not None:
-            return float(value)
-        if self._ranking.entries:  # it was there before (a run that popped it): rank this save worst
-            return math.nan
-        raise ValueError(self._monitor.missing(
-            names, "`Checkpointer(monitor=...)`", f" at the save after optimizer step {trainer.state.global_step}",
-            "; and save after validations: every_n_epochs=..., or every_n_steps=... a multiple of "
-            "Trainer(val_every_n_steps=...)"))
+    def _plan(self, trainer: "Trainer", lenient: bool) -> SavePlan:
+        """The save's score, name and link, worked out by the main process and shared: metrics such as
+        train_loss differ per process, and only the main process looks at the folder. One broadcast
+        per save, and none when there is nothing to work out."""
+        if self.monitor is None and self._names == (None, None):
+            return SavePlan()
+        acc = trainer.accelerator
+        mine = None
+        if acc.is_main_process:
+            mine = plan_save(trainer.state, self._monitor, bool(self._ranking.entries) or lenient, *self._names,
+                             self._link)
+        plan = SavePlan(*acc.broadcast(mine and dataclasses.astuple(mine)))
+        if plan.error is not None:
+            raise ValueError(plan.error)
+        return plan
+
+    def _settle(self, trainer: "Trainer") -> None:
+        """Once the newest save is committed (waited for): points `last` at it, then deletes what it beat.
+
+        In that order, so that `last` never leads to a deleted folder; the main process does both.
+        """
+        trainer.accelerator.wait_for_checkpoint()
+        main = trainer.accelerator.is_main_process
+        if self._link.settle(main) and main and self._config.total_limit is not None:
+            self._config.prune()  # the folder `last` led to, kept by the save's own pruning, may go now
+        self._delete_beaten(trainer)
 
     def _publish(self, trainer: "Trainer") -> None:
-        score, name = self._ranking.best()
-        trainer.best_checkpoint, trainer.best_score = self._config.checkpoints_dir / name, score
+        """Updates Lightning's attributes, and with `monitor` `trainer.best_checkpoint` and `best_score`."""
+        self._update_paths()
+        if self._ranking.entries:
+            score, name = self._ranking.best()
+            trainer.best_checkpoint, trainer.best_score = self._config.checkpoints_dir / name, score
+
+    def _update_paths(self) -> None:
+        folder = self._config.checkpoints_dir
+        self.last_model_path = str(folder / self._link.name) if self._link.name is not None else ""
+        if self._monitor is None:  # Lightning's best without a monitor: the newest save
+            self.best_model_path = self.last_checkpoint or ""
+            return
+        top = self._ranking.top()
+        self.best_k_models = {str(folder / name): score for score, name in top}
+        self.best_model_path, self.best_model_score = (str(folder / top[0][1]), top[0][0]) if top else ("", None)
+        full = self.save_top_k is not None and len(top) == self.save_top_k
+        self.kth_best_model_path = str(folder / top[-1][1]) if full else ""
 
     def _delete_beaten(self, trainer: "Trainer") -> None:
         """Deletes (on the main process) the checkpoints neither among the best `save_top_k` nor the newest."""
@@ -296,14 +332,15 @@ class Checkpointer(Callback):
         if beaten and trainer.accelerator.is_main_process:
             delete_checkpoints(self._config.checkpoints_dir, beaten)
         self._ranking.forget(beaten)
+        if beaten:
+            self._update_paths()
 
     def on_fit_end(self, trainer: "Trainer") -> None:
-        """Waits for a checkpoint still being written: after fit, every save is on disk. Then deletes
-        what the last save beat, and with `restore_best` loads the best weights into the module."""
-        trainer.accelerator.wait_for_checkpoint()
+        """Waits for a checkpoint still being written: after fit, every save is on disk and `last` leads to
+        the newest. Then deletes what the last save beat, and with `restore_best` loads the best weights."""
+        self._settle(trainer)
         if self.monitor is None:
             return
-        self._delete_beaten(trainer)
         if self._ranking.entries:
             self._publish(trainer)
         if self.restore_best:
@@ -330,40 +367,70 @@ class Checkpointer(Callback):
             exception.add_note(f"Checkpointer: the checkpoint being written in the background failed too: {err!r}")
 
     def state_dict(self) -> dict[str, Any]:
-        """The last saved step, so a resumed run does not save that step again; with `monitor`, the
-        ranking ([score, name] pairs, JSON-safe), including checkpoints still to be deleted."""
+        """The last saved step, so a resumed run does not save that step again; the newest save's folder
+        name and the `last` link's; with `monitor`, the ranking ([score, name] pairs, JSON-safe),
+        including checkpoints still to be deleted."""
         state: dict[str, Any] = {"last_saved_step": self._last_saved_step}
+        saving = self._saving
+        # Called by save_state while it captures a save, after it reserved the folder (`config.saving`):
+        # the checkpoint records itself, so a resume from it knows it is the newest and how it ranks.
+        newest = self._config.saving if saving is not None else self._newest
+        link = self._link.name if self._link is not None else None
+        link = saving.link or link if saving is not None else link
+        state.update({key: value for key, value in (("newest", newest), ("last_link", link)) if value is not None})
         if self.monitor is None:
             return state
         entries = list(self._ranking.entries)
-        if self._saving is not None:
-            # Called by save_state while it captures this save, after it reserved the folder and moved
-            # `iteration` past its number: the checkpoint ranks itself, so a resume from it knows it.
-            entries.append((self._saving, f"{PREFIX}{self._config.iteration - 1}"))
-        state.update(monitor=self.monitor, mode=self.mode, ranking=_encode(entries))
+        if saving is not None:
+            entries.append((saving.score, newest))
+        state.update(monitor=self.monitor, mode=self.mode, ranking=encode_ranking(entries))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what `state_dict` returned; a ranking by another monitor or mode is left out."""
+        """Restores what `state_dict` returned; a ranking by another monitor or mode is left out, and so are
+        names that are not folders of this Checkpointer's folder (a run started from another's checkpoint)."""
         saved = state.get("last_saved_step")
         self._last_saved_step = None if saved is None else int(saved)
-        if self.monitor is None or "ranking" not in state:
-            return
+        self._resumed = True
+        folder = self._config.checkpoints_dir if self._config is not None else None
+        newest, link = (_saved_name(state, key) for key in ("newest", "last_link"))
+        if folder is not None and newest is not None and (folder / newest).is_dir():
+            self._newest, self.last_checkpoint = newest, str(folder / newest)
+        if self._link is not None and link is not None:
+            self._link.restore(link)
+        if self.monitor is not None and "ranking" in state:
+            self._load_ranking(state, folder)
+        if folder is not None:
+            self._update_paths()
+
+    def _load_ranking(self, state: dict[str, Any], folder: pathlib.Path | None) -> None:
         if (state.get("monitor"), state.get("mode")) != (self.monitor, self.mode):
             warnings.warn(f"Checkpointer: the checkpoint ranked by monitor={state.get('monitor')!r:.80}, "
                           f"mode={state.get('mode')!r:.20}, not monitor={self.monitor!r}, mode={self.mode!r}. Its "
-                          "ranking is left out: this run ranks (and deletes) only its own saves.", stacklevel=2)
+                          "ranking is left out: this run ranks (and deletes) only its own saves.", stacklevel=3)
             return
-        entries = _decode(state["ranking"])
-        if self._config is not None:
+        entries = decode_ranking(state["ranking"])
+        if folder is not None:
             # A new run started from another run's checkpoint: those names are another folder's, and
-            # this run's own saves will reuse them. Only folders of this run are ranked (and deleted).
-            folder = self._config.checkpoints_dir
+            # this run's own saves may reuse them. Only folders of this folder are ranked (and deleted).
             entries = [(score, name) for score, name in entries if (folder / name).is_dir()]
         self._ranking.entries = entries
 
     def __repr__(self) -> str:
         best = "" if self.monitor is None else (f", monitor={self.monitor!r}, mode={self.mode!r}, "
                                                 f"save_top_k={self.save_top_k}, restore_best={self.restore_best}")
+        named = [(key, value) for key, value, default in (
+            ("dirpath", self.dirpath, None), ("filename", self.filename, None), ("save_last", self.save_last, False),
+            ("auto_insert_metric_name", self.auto_insert_metric_name, True)) if value != default]
+        extra = "".join(f", {key}={value!r}" for key, value in named)
         return (f"Checkpointer(every_n_steps={self.every_n_steps}, every_n_epochs={self.every_n_epochs}, "
-                f"total_limit={self.total_limit}, async_save={self.async_save}{best})")
+                f"total_limit={self.total_limit}, async_save={self.async_save}{best}{extra})")
+
+
+def _saved_name(state: dict[str, Any], key: str) -> str | None:
+    """A folder name from a checkpoint's Checkpointer state; refused unless plain (names are deleted)."""
+    name = state.get(key)
+    if name is not None and not is_plain_name(name):
+        raise CheckpointError(f"The Checkpointer's state in this checkpoint holds a damaged {key!r}: {name!r:.120}. "
+                              "It must be one folder name. Resume from another checkpoint.")
+    return name
