@@ -2,9 +2,10 @@
 
 It is the Trainer's default display (`Trainer(enable_progress_bar=True)` adds one when no callback
 draws progress itself), so it lives in the Trainer layer; users import it as
-`fittrain.callbacks.ProgressBar`. Besides the bars it prints one line when training starts (the
-run, where its checkpoints and logs go) and one when the fit ends (where it stopped, the last
-metrics), so that a fit without a Logger still says what it did. Other one-line messages of the
+`fittrain.callbacks.ProgressBar`. Besides the bars it prints the module's parameter table when the
+fit starts (`enable_model_summary`), one line when training starts (the run, where its
+checkpoints and logs go) and one when the fit ends (where it stopped, the last metrics), so that a
+fit without a Logger still says what it did. Other one-line messages of the
 loop (the model summary, fast_dev_run, max_time) go the same way, through `say`.
 """
 
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 from fittrain.common.checks import check_bool
 from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trainer.runs import describe_run
+from fittrain.trainer.summary import summarize
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -59,9 +61,12 @@ class ProgressBar(Callback):
         return RunRequest(shows_progress=True)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
-        """Decides whether this process draws (the main process only) and forgets the last fit's values."""
+        """Decides whether this process draws (the main process only), forgets the last fit's values, and
+        prints the module's parameter table (`Trainer(enable_model_summary=True)`), before prepare()."""
         self._show = self.enabled and trainer.enable_progress_bar and trainer.accelerator.is_main_process
         self._postfix = {}
+        if self._show and trainer.enable_model_summary:
+            tqdm.write(summarize(trainer.module))
 
     def on_train_start(self, trainer: "Trainer") -> None:
         """Says which run trains, and where its checkpoints and logs go."""

@@ -9,9 +9,9 @@ size is the parameters' own bytes (Lightning assumes 32 bits unless the precisio
 the like; the same for float32 parameters). `fittrain.lightning.callbacks.ModelSummary(max_depth)`
 reuses `summarize`.
 
-The Trainer prints the table on the main process just before `on_fit_start` (Lightning's
-ModelSummary callback prints in it), before `prepare()` shards anything, so the counts are the
-whole model's; `enable_progress_bar=False` silences it with every other line the loop prints.
+The Trainer's progress display (fittrain/trainer/progress.py, also a Logger's) prints the table on
+the main process in `on_fit_start`, as Lightning's ModelSummary callback does, before `prepare()`
+shards anything, so the counts are the whole model's. A fit without a display prints none.
 """
 
 from __future__ import annotations

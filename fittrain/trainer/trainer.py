@@ -50,7 +50,6 @@ from fittrain.trainer.progress import say, with_progress_bar
 from fittrain.trainer.runs import RunPlan, check_one_checkpointer, load_resumed, start_run
 from fittrain.trainer.sanity import run_sanity_check
 from fittrain.trainer.schedules import Schedule
-from fittrain.trainer.summary import summarize
 from fittrain.trainer.timer import Timer, parse_max_time
 from fittrain.trainer.train_state import TrainState
 
@@ -107,8 +106,8 @@ class Trainer:
             checked after each optimizer step on the main process's clock (fittrain/trainer/timer.py).
         deterministic: None (torch as it is), True (torch.use_deterministic_algorithms), "warn" or False
             (fittrain/trainer/determinism.py).
-        enable_model_summary: Print the parameter table (fittrain/trainer/summary.py) when fit starts
-            (unless enable_progress_bar=False, which silences every line the loop prints).
+        enable_model_summary: The progress display prints the parameter table (fittrain/trainer/summary.py)
+            when fit starts; not without a display (enable_progress_bar=False, Logger(progress_bar=False)).
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -241,8 +240,6 @@ class Trainer:
         fire, state = self._fire, self.state
         try:
             with self.preemption:
-                if self.enable_model_summary and self.enable_progress_bar and self.accelerator.is_main_process:
-                    say(self, summarize(module))  # before prepare(), which may shard the parameters
                 fire(Event.FIT_START)  # before prepare(): callbacks may still configure the Accelerator
                 self._setup(module, train_loader, val_loader, resume)
                 run_sanity_check(self, lambda: self._validate(self.val_loader, self.loops.sanity))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from fittrain import Callback, Trainer, TrainModule
+from fittrain import Trainer, TrainModule
+from fittrain.callbacks import Logger
 from fittrain.trainer.summary import human_count, summarize
 from support.models import Regressor, regression_loader
 
@@ -84,20 +84,20 @@ def test_bad_max_depth_is_refused(bad):
         summarize(Autoencoder(), bad)
 
 
-class FitStart(Callback):
-    def on_fit_start(self, trainer: Trainer) -> None:
-        print("on_fit_start")
-
-
-def test_a_fit_prints_it_before_on_fit_start(tmp_path, capsys):
-    Trainer(callbacks=[FitStart()], project_dir=tmp_path).fit(Regressor(), regression_loader())
+@pytest.mark.parametrize("callbacks", [[], [Logger(log_with=[])]], ids=["default-bar", "logger-bar"])
+def test_the_progress_display_prints_it_once_when_fit_starts(tmp_path, capsys, callbacks):
+    Trainer(callbacks=callbacks, project_dir=tmp_path).fit(Regressor(), regression_loader())
     out = capsys.readouterr().out
-    assert out.index(summarize(Regressor())) < out.index("on_fit_start") < out.index("Training run")
+    assert out.count(summarize(Regressor())) == 1
+    assert out.index(summarize(Regressor())) < out.index("Training run")  # at fit start, before training
 
 
-@pytest.mark.parametrize("kwargs", [{"enable_model_summary": False}, {"enable_progress_bar": False}])
-def test_it_is_not_printed_when_switched_off_or_silenced(tmp_path, capsys, kwargs: dict[str, Any]):
-    Trainer(project_dir=tmp_path, **kwargs).fit(Regressor(), regression_loader())
+@pytest.mark.parametrize("kwargs, callbacks", [({"enable_model_summary": False}, []),
+                                               ({"enable_progress_bar": False}, []),
+                                               ({}, [Logger(log_with=[], progress_bar=False)])],
+                         ids=["switched-off", "no-progress", "logger-without-bar"])
+def test_without_a_display_or_switched_off_it_is_not_printed(tmp_path, capsys, kwargs, callbacks):
+    Trainer(project_dir=tmp_path, callbacks=callbacks, **kwargs).fit(Regressor(), regression_loader())
     assert "Trainable params" not in capsys.readouterr().out
 
 
