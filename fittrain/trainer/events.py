@@ -17,7 +17,7 @@ The loop that fires them, in the order `Trainer.fit` runs it::
             if this is a sync step (the end of an accumulation window):
                 on_before_optimizer_step              # GradClip acts here
                 optimizer.step(); scheduler.step(); optimizer.zero_grad()
-                if validating every n steps and global_step % val_every_n_steps == 0:
+                if val_every_n_steps is set and this step is due (fittrain/trainer/validation_schedule.py):
                     on_validation_start ... on_validation_end   # as below, in the middle of the epoch
             on_train_batch_end                        # Checkpointer(every_n_steps) saves here
             end the epoch here if that validation set trainer.state.should_stop, or max_time has passed
