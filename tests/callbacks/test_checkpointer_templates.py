@@ -263,3 +263,20 @@ def test_a_template_named_checkpoint_loads_with_safetensors_alone(make_module, m
     fresh.load_state_dict(load_file(folder / "model.safetensors"), strict=True)
     _assert_bitwise_equal(fresh, module)
     assert json.loads((folder.parent / SAVES_FILE).read_text())["saves"][0]["name"] == "epoch=0-step=4"
+
+
+def test_latest_in_a_run_folder_of_template_names_takes_the_newest_save(make_module, make_loader, tmp_path):
+    def checkpointer() -> Checkpointer:
+        return Checkpointer(every_n_steps=2, filename="{step}")
+
+    _, whole = _fit(make_module, make_loader, tmp_path / "whole", Checkpointer(every_n_steps=2), max_steps=16)
+    cut, _ = _fit(make_module, make_loader, tmp_path / "project", checkpointer(), max_steps=12)
+    run = tmp_path / "project" / "checkpoints" / cut.run_name
+    for resume_from in ("latest", run):  # "latest", and the run's folder: both its newest save
+        trainer, module = _fit(make_module, make_loader, tmp_path / "project", checkpointer(), seed=999,
+                               max_steps=16, resume_from=resume_from)
+        assert trainer.run_name == cut.run_name
+        assert _folders(run) == [f"step={s}" for s in (10, 12, 14, 16, 2, 4, 6, 8)]  # no "-v1": resumed at 12
+        _assert_bitwise_equal(module, whole)
+        shutil.rmtree(run / "step=14")
+        shutil.rmtree(run / "step=16")
