@@ -468,7 +468,6 @@ class Trainer:
                             acc.gradient_accumulation_steps)
         self._ends_training = self._steps_done if self.timer is None else self._steps_or_time_done
 
-
     def _start_run(self) -> RunPlan:
         """Names this fit's run, finds the checkpoint it resumes from, and points the Accelerator's
         automatic checkpoint naming at the run's folder (fittrain/trainer/runs.py)."""
