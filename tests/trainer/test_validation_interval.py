@@ -123,3 +123,13 @@ def test_what_could_never_validate_is_refused_when_fit_starts(tmp_path):
 def test_bad_intervals_are_refused(bad):
     with pytest.raises(ValueError, match=rf"`Trainer\(val_every_n_steps=...\)` must be.*val_every_n_steps={bad!r}"):
         Trainer(val_every_n_steps=bad)
+
+
+def test_a_checkpoint_from_before_epoch_start_step_counts_one_step_per_batch():
+    from fittrain import TrainState
+
+    state = TrainState()
+    state.load_state_dict({"epoch": 1, "global_step": 7, "batch_idx": 2, "should_stop": False, "metrics": {}})
+    assert state.epoch_start_step == 4 and state.time_trained == 0.0  # batches 0..2 of epoch 1 were steps 5..7
+    state.epoch_start_step, state.timed_by = 5, lambda: 12.5
+    assert {"epoch_start_step": 5, "time_elapsed": 12.5}.items() <= state.state_dict().items()
