@@ -159,7 +159,7 @@ class Checkpointer(Callback):
         self.auto_insert_metric_name = check_bool("auto_insert_metric_name", auto_insert_metric_name,
                                                   owner="Checkpointer")
         self.filename = filename
-        self._templates()  # checks the filename (and CHECKPOINT_NAME_LAST) now
+        self._names = self._templates()  # checks the filename (and CHECKPOINT_NAME_LAST) now; rebuilt at fit start
         self._reset()
         self._config: ProjectConfiguration | None = None
 
