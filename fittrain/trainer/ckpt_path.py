@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from fittrain.checkpoint import MANIFEST_NAME, CheckpointError, CheckpointReader
@@ -113,7 +114,7 @@ def _last(saver: Any) -> pathlib.Path | None:
         return pathlib.Path(newest)
     folder = getattr(saver, "dirpath", None)
     if folder is not None and saved_in_order(pathlib.Path(folder)):
-        return latest_checkpoint(pathlib.Path(folder), lambda message: None)
+        return latest_checkpoint(pathlib.Path(folder), warnings.warn)  # a damaged newer one is named
     return None
 
 
