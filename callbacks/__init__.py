@@ -3,7 +3,8 @@
 Example:
     >>> from fittrain.callbacks import Checkpointer, EarlyStop, GradClip, Logger, MixedPrecision
 
-One class a module: checkpointer, early_stop, grad_clip, logger (trackers), mixed_precision. `ProgressBar`
+One class a module: checkpointer (its names, ranking and `last` link in checkpoint_names), early_stop,
+grad_clip, logger (trackers), mixed_precision. `ProgressBar`
 (the tqdm bars a Logger owns) is the Trainer's default display, so it lives in `fittrain.trainer.progress`
 and is exported here. Callbacks may import `fittrain.trainer` and everything below it; the
 Trainer layer never imports this package (a callback tells the Trainer what it needs through
