@@ -28,6 +28,7 @@ from fittrain.lightning.callbacks.progress import TQDMProgressBar
 from fittrain.lightning.connector import LoggerConnector, MinimumLimits, Predictions
 from fittrain.lightning.loggers.base import Logger
 from fittrain.lightning.loggers.files import TensorBoardLogger
+from fittrain.lightning.sharding import DistributedSampling
 from fittrain.trainer.events import Callback as NativeCallback
 
 if TYPE_CHECKING:
@@ -96,7 +97,9 @@ def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list
         built.append(GradClip(max_value=value) if options["gradient_clip_algorithm"] == "value" else GradClip(value))
     if options["precision"] != "no":
         built.append(MixedPrecision(options["precision"]))
+    built.append(DistributedSampling())
     built.append(LoggerConnector(trainer))
+    built.append(trainer.optimizer_steps)
     if options["min_epochs"] or options["min_steps"]:
         built.append(MinimumLimits(options["min_epochs"], options["min_steps"]))
     built.append(trainer.predictions)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fittrain.lightning.sharding import real_batches
 from fittrain.trainer.events import Callback as NativeCallback
 
 if TYPE_CHECKING:
@@ -35,9 +36,33 @@ class LoggerConnector(NativeCallback):
     def __init__(self, trainer: "Trainer") -> None:
         self.trainer = trainer
         self._last_step = 0
+        self.eval_batches = 0  # Lightning's step of evaluation rows: batches evaluated in this stage
+
+    def on_fit_start(self, trainer: Any) -> None:
+        self.eval_batches = 0
+
+    def on_validation_batch_end(self, trainer: Any) -> None:
+        if not trainer.sanity_checking:
+            self._eval_step_row(trainer)
+
+    def on_test_batch_end(self, trainer: Any) -> None:
+        self._eval_step_row(trainer)
+
+    def _eval_step_row(self, trainer: Any) -> None:
+        """A row of the evaluation batch's on_step values (no `epoch` column, as in Lightning)."""
+        names = self.trainer.logged_names
+        if names.eval_step_row:
+            self._write(names.take_row(trainer.state.raw_metrics, "eval_step"), self.eval_batches, epoch=False)
+        self.eval_batches += 1
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         self._last_step = trainer.state.global_step
+
+    def on_validation_start(self, trainer: Any) -> None:
+        self.trainer.logged_names.start_loop()
+
+    def on_test_start(self, trainer: Any) -> None:
+        self.trainer.logged_names.start_loop()
 
     def on_train_batch_end(self, trainer: Any) -> None:
         step = trainer.state.global_step
@@ -61,14 +86,58 @@ class LoggerConnector(NativeCallback):
         self._write(self.trainer.logged_names.take_row(trainer.state.raw_metrics, "epoch"),
                     trainer.state.global_step - 1)
 
-    def _write(self, row: dict[str, float], step: int) -> None:
+    def _write(self, row: dict[str, float], step: int, epoch: bool = True) -> None:
         loggers = self.trainer.loggers
         if not row or not loggers or not self.trainer.log_every_n_steps:
             return
-        row.setdefault("epoch", self.trainer.current_epoch)
+        if epoch:
+            row.setdefault("epoch", self.trainer.current_epoch)
         for logger in loggers:
             logger.log_metrics(dict(row), step=max(step, 0))
             logger.save()
+
+
+class OptimizerSteps(NativeCallback):
+    """Manual optimization as Lightning runs it, where it differs from the native loop:
+
+    - `global_step` counts each optimizer's `step()` (a GAN's two optimizers take two steps per
+      batch), where the native count is batches that stepped; saved in checkpoints;
+    - under DDP, the module's buffers (BatchNorm statistics) are broadcast from process 0 before
+      each training_step, as DDP's forward does in Lightning, which runs training_step through it
+      (the native loop runs it on the module itself, fittrain/trainer/manual.py).
+
+    Attributes:
+        count: The optimizer steps of this fit.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._buffers: list[Any] = []
+
+    def on_fit_start(self, trainer: Any) -> None:
+        self.count = 0
+
+    def on_train_start(self, trainer: Any) -> None:
+        """Decides once whether buffers are broadcast: manual optimization under DDP, with buffers."""
+        module, acc = trainer.module, trainer.accelerator
+        ddp = acc.num_processes > 1 and type(acc.distributed_strategy).__name__ == "DDPStrategy"
+        self._buffers = list(module.buffers()) if ddp and not module.automatic_optimization else []
+
+    def on_train_batch_start(self, trainer: Any) -> None:
+        if self._buffers:
+            import torch.distributed as dist  # imported by every DDP run already
+
+            for buffer in self._buffers:
+                dist.broadcast(buffer, src=0)
+
+    def on_before_optimizer_step(self, trainer: Any) -> None:
+        self.count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = int(state.get("count", 0))
 
 
 class MinimumLimits(NativeCallback):
@@ -115,7 +184,11 @@ class Predictions(NativeCallback):
 
     def __init__(self) -> None:
         self.outputs: list[Any] | None = None
+        self.real: int | None = None  # this process's own batches; the rest only pad the last round
+
+    def on_predict_start(self, trainer: Any) -> None:
+        self.real = real_batches(getattr(trainer.data, "last_loader", None), trainer.accelerator.process_index)
 
     def on_predict_batch_end(self, trainer: Any) -> None:
-        if self.outputs is not None:
+        if self.outputs is not None and (self.real is None or len(self.outputs) < self.real):
             self.outputs.append(trainer.evaluation.outputs)

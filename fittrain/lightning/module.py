@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from fittrain.data import batch_size_of
 from fittrain.trainer.configure import SchedulerConfig
 from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.module import HParams, TrainModule
@@ -103,6 +104,16 @@ class LightningModule(TrainModule):
         logger = True if logger is None else logger
         if names is not None:
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
+            evaluating = trainer.evaluation.averager is not None
+            if evaluating and not sync_dist and not trainer.sanity_checking and on_epoch is not False:
+                names.add_local(name, value, float(batch_size or batch_size_of(trainer.evaluation.batch) or 1))
+            if on_step and evaluating:
+                # Lightning's per-batch value in an evaluation loop (x_step, for the loggers), which the
+                # native loop does not record; its mean over the loop is the native `x`.
+                names.record_eval_step(name, value, on_epoch)
+                if on_epoch is False:
+                    return
+                on_step = None
         super().log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
                     reduce_fx=reduce_fx, enable_graph=enable_graph, sync_dist=sync_dist,
                     sync_dist_group=sync_dist_group, add_dataloader_idx=add_dataloader_idx, batch_size=batch_size,
@@ -120,6 +131,11 @@ class LightningModule(TrainModule):
         """The Trainer's loggers (Lightning's `self.loggers`); [] without a Trainer."""
         trainer = self.__dict__.get("_trainer")
         return list(getattr(trainer, "loggers", []))
+
+    @property
+    def global_step(self) -> int:
+        """Lightning's: optimizer steps taken, each optimizer's counted in manual optimization."""
+        return self.trainer.global_step
 
     @property
     def global_rank(self) -> int:

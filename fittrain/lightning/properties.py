@@ -54,7 +54,11 @@ class LightningAttributes:
 
     @property
     def global_step(self) -> int:
-        """Optimizer steps taken (one per accumulation window, in manual optimization too)."""
+        """Optimizer steps taken, as Lightning counts them: one per accumulation window in automatic
+        optimization; each optimizer's `step()` in manual optimization."""
+        module = self._lightning_module
+        if module is not None and not module.automatic_optimization and self.optimizer_steps.count:
+            return self.optimizer_steps.count
         return self.state.global_step
 
     @property

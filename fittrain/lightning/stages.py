@@ -11,9 +11,11 @@ Lightning's order, which `LightningStages` keeps (the datamodule's part is the n
     datamodule.teardown(stage), callback.teardown(...), module.teardown(stage), logger.finalize("success")
 
 Without loaders and without a datamodule, the module's own `train_dataloader()`,
-`val_dataloader()`, ... are read, after its `setup` (it may build the datasets there), as Lightning does.
-The loggers' versions are settled at setup, the main process's choice on every process, so that
-`trainer.log_dir` and the checkpoint folder are the same everywhere.
+`val_dataloader()`, ... are read, after its `setup` (it may build the datasets there), as Lightning
+does. On several processes each loader is rebuilt so that every process gets Lightning's
+DistributedSampler share (fittrain/lightning/sharding.py). The loggers' versions are settled at
+setup, the main process's choice on every process, so that `trainer.log_dir` and the checkpoint
+folder are the same everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from fittrain.lightning.sharding import lightning_sharded
 from fittrain.trainer.datamodule import DataStages
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ class LightningStages(DataStages):
         self.trainer = trainer
         self._module: Any = None
         self.last_train_loader: Any = None  # for Trainer.estimated_stepping_batches
+        self.last_loader: Any = None  # validate's, test's or predict's, as run
 
     def fit_loaders(self, module: Any, train: tuple[Any, Any], val: tuple[Any, Any],
                     datamodule: Any) -> tuple[Any, Any]:
@@ -60,16 +64,21 @@ class LightningStages(DataStages):
             loaders = super().fit_loaders(module, train, val, datamodule)
             self._setup("fit", module)
         self.last_train_loader = loaders[0]
-        return loaders
+        world, overfit = self.accelerator.num_processes, bool(getattr(self.trainer, "overfit_batches", 0))
+        return (lightning_sharded(loaders[0], world, "train", overfit),
+                lightning_sharded(loaders[1], world, "eval", overfit))
 
     def loader(self, stage: str, loader: Any, dataloaders: Any, datamodule: Any) -> Any:
         module = self.trainer.lightning_module
         if datamodule is None and loader is None and dataloaders is None:
             self._setup(stage, module)
-            return super().loader(stage, _module_loader(module, MODULE_LOADERS[stage]), None, None)
-        found = super().loader(stage, loader, dataloaders, datamodule)
-        self._setup(stage, module)
-        return found
+            found = super().loader(stage, _module_loader(module, MODULE_LOADERS[stage]), None, None)
+        else:
+            found = super().loader(stage, loader, dataloaders, datamodule)
+            self._setup(stage, module)
+        self.last_loader = lightning_sharded(found, self.accelerator.num_processes,
+                                             "predict" if stage == "predict" else "eval")
+        return self.last_loader
 
     def end(self, stage: str) -> None:
         """The datamodule's teardown (native), then the callbacks', the module's and the loggers' ends;

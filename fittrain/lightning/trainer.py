@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from fittrain.accelerator.accelerator import Accelerator
+from fittrain.accelerator.seeding import seed_everything
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_non_negative_int, check_positive_int
 from fittrain.distributed.parallel import check_strategy
 from fittrain.lightning import arguments as args
 from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks
-from fittrain.lightning.connector import Predictions
+from fittrain.lightning.connector import OptimizerSteps, Predictions
 from fittrain.lightning.metrics import LoggedNames
 from fittrain.lightning.module import LightningModule, check_lightning_module
 from fittrain.lightning.properties import LightningAttributes
@@ -30,6 +31,14 @@ from fittrain.lightning.verbose import print_results
 from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.evaluation import as_test_name
 from fittrain.trainer.trainer import Trainer as NativeTrainer
+
+
+def reset_seed() -> None:
+    """Lightning's `reset_seed`: `seed_everything(PL_GLOBAL_SEED)` again, when a seed was set."""
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    if seed is not None:
+        seed_everything(int(seed))
+
 
 _PRECISION_NAMES = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -79,6 +88,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         self._processes, self._cpu = processes, processes.cpu
         self.logged_names = LoggedNames()
         self.predictions = Predictions()
+        self.optimizer_steps = OptimizerSteps()
         self._loggers = configure_loggers(defaults["logger"], self.default_root_dir)
         self._versions_settled = False
         self._lightning_module: Any = None
@@ -204,6 +214,8 @@ class Trainer(LightningAttributes, NativeTrainer):
             raise TypeError(f"`model` must be a `LightningModule` (fittrain.lightning.LightningModule). Received: "
                             f"{type(model).__name__}.")
         check_lightning_module(model)
+        if self._processes.strategy != "auto" or self._processes.num_devices * self._processes.num_nodes > 1:
+            reset_seed()  # Lightning's DDP and FSDP strategies seed again from PL_GLOBAL_SEED at each stage
         self.logged_names.reset()
         self._stage, self._lightning_module = stage, model
         if datamodule is not None:
@@ -250,8 +262,7 @@ class Trainer(LightningAttributes, NativeTrainer):
             yield
 
     def _results(self, verbose: bool, title: str) -> list[dict[str, float]]:
-        raw = self.state.raw_metrics
-        results = {name: float(raw[name]) for name in self.logged_names.logged if name in raw}
+        results = self.logged_names.loop_results(self.state.raw_metrics)
         if verbose and self.is_global_zero:
             print_results(title, results)
         return [results]
