@@ -149,6 +149,13 @@ class LightningModule(TrainModule):
         trainer = self.__dict__.get("_trainer")
         return trainer.accelerator.local_process_index if trainer is not None else 0
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's: the module rebuilt from a checkpoint folder's hyperparameters and weights
+        (`_load_from_checkpoint`; `weights_only` changes nothing: nothing is ever unpickled)."""
+        return _load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Lightning's: each tensor from every process, stacked along a new first dimension (the tensor
         itself on one process).
@@ -166,6 +173,43 @@ class LightningModule(TrainModule):
         from fittrain.common.nested import map_tensors  # only where a program gathers: keeps the import lazy
 
         return map_tensors(lambda t: accelerator.gather(t.unsqueeze(0)), data)
+
+
+def _load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any, hparams_file: Any, strict: bool | None,
+                          **kwargs: Any) -> Any:
+    """Lightning's `Module.load_from_checkpoint(path, **kwargs)` for a fittrain checkpoint folder: the
+    module built from the hyperparameters the checkpoint kept (`save_hyperparameters`), `kwargs`
+    winning, then its weights loaded from `model.safetensors`; on `map_location` if given, else the CPU.
+
+    Hyperparameters that are not numbers, strings, lists or dicts are kept as their repr only: pass them
+    again as keyword arguments (as Lightning programs do for an `ignore`d backbone).
+
+    Raises:
+        ValueError: for `hparams_file`, which fittrain.lightning does not read.
+        CheckpointError, FileNotFoundError: for a folder that is no complete fittrain checkpoint.
+    """
+    import inspect  # noqa: PLC0415 -- loading a checkpoint is rare; these imports stay off `import fittrain`
+
+    from fittrain.checkpoint.model_io import load_model_weights
+    from fittrain.checkpoint.reader import CheckpointReader
+
+    if hparams_file is not None:
+        raise ValueError(f"{cls.__name__}.load_from_checkpoint(hparams_file=...) is not supported by "
+                         "fittrain.lightning: the checkpoint keeps the hyperparameters; pass any others as keyword "
+                         "arguments.")
+    key, saved = f"hparams:{cls.__name__}", {}
+    with CheckpointReader(checkpoint_path) as reader:
+        for name in reader.names():
+            if name.startswith("custom_checkpoint_") and name.endswith(".pt"):
+                state = reader.read_torch(name)
+                if isinstance(state, dict) and isinstance(state.get(key), dict):
+                    saved = dict(state[key])
+    signature = inspect.signature(cls.__init__)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    chosen = {k: v for k, v in saved.items() if takes_any or k in signature.parameters}
+    module = cls(**{**chosen, **kwargs})
+    module.load_state_dict(load_model_weights(checkpoint_path), strict=True if strict is None else strict)
+    return module.to(map_location) if isinstance(map_location, (str, torch.device)) else module
 
 
 def check_lightning_module(module: Any) -> None:

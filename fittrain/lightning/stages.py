@@ -108,3 +108,26 @@ class LightningStages(DataStages):
         setup = getattr(module, "setup", None)
         if callable(setup):
             setup(stage)
+        if trainer.enable_autolog_hparams and trainer.loggers:
+            self._log_hyperparams(module)
+        for logger in trainer.loggers:
+            logger.save()
+
+    def _log_hyperparams(self, module: Any) -> None:
+        """Lightning's: the module's hparams (and the datamodule's) to every logger when a stage starts.
+
+        Raises:
+            ValueError: when the module and the datamodule record one name with two values, as in Lightning.
+        """
+        datamodule = self.trainer.datamodule
+        module_has, datamodule_has = "hparams" in module.__dict__, "hparams" in getattr(datamodule, "__dict__", {})
+        if not (module_has or datamodule_has):
+            return  # Lightning logs hyperparameters only after save_hyperparameters()
+        hparams = dict(module.__dict__.get("hparams") or {})
+        for name, value in dict(getattr(datamodule, "hparams", None) or {}).items():
+            if name in hparams and hparams[name] != value:
+                raise ValueError(f"Error while merging hparams: the keys {name!r} are present in both the "
+                                 "LightningModule's and LightningDataModule's hparams but have different values.")
+            hparams[name] = value
+        for logger in self.trainer.loggers:
+            logger.log_hyperparams(hparams)

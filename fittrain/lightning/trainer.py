@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from fittrain.distributed.parallel import check_strategy
 from fittrain.lightning import arguments as args
 from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks
 from fittrain.lightning.connector import OptimizerSteps, Predictions
+from fittrain.lightning.loggers.base import DummyLogger
 from fittrain.lightning.metrics import LoggedNames
 from fittrain.lightning.module import LightningModule, check_lightning_module
 from fittrain.lightning.properties import LightningAttributes
@@ -94,8 +96,8 @@ class Trainer(LightningAttributes, NativeTrainer):
         self._lightning_module: Any = None
         self._datamodule: Any = None
         self._stage: str | None = None
-        if fast_dev_run:
-            self._loggers = []  # Lightning swaps them for a logger that writes nothing
+        if fast_dev_run and self._loggers:
+            self._loggers = [DummyLogger()]  # Lightning swaps them for a logger that writes nothing
         self.lightning_callbacks, given_native = lightning_callbacks(
             callbacks, defaults["enable_checkpointing"], defaults["enable_progress_bar"],
             defaults["enable_model_summary"])
@@ -242,16 +244,26 @@ class Trainer(LightningAttributes, NativeTrainer):
         return model, ckpt_path, datamodule
 
     def _resume_path(self, ckpt_path: Any) -> Any:
-        """fit's `ckpt_path` as the native `resume_from`: a folder, or the ModelCheckpoint's "last"/"best" save."""
-        if ckpt_path in ("last", "best"):
-            callback = self.checkpoint_callback
-            path = (callback.last_model_path or callback.best_model_path) if ckpt_path == "last" and callback else \
-                callback.best_model_path if callback else ""
-            if not path:
-                raise ValueError(f"fit(ckpt_path={ckpt_path!r}): there is no {ckpt_path} checkpoint of a previous fit "
-                                 "of this Trainer. Pass a checkpoint folder, or ckpt_path=None.")
-            return path
-        return ckpt_path
+        """fit's `ckpt_path` as the native `resume_from`: a folder; "best", the ModelCheckpoint's best save;
+        "last", its `last` link (or one in its folder), else, as in Lightning, none (a warning, a fresh fit)."""
+        callback = self.checkpoint_callback
+        if ckpt_path == "best":
+            if callback is None or not callback.best_model_path:
+                raise ValueError('`.fit(ckpt_path="best")` is set but `ModelCheckpoint` is not configured to save the '
+                                 "best model (or saved nothing yet). Pass a checkpoint folder, or ckpt_path='last'.")
+            return callback.best_model_path
+        if ckpt_path != "last":
+            return ckpt_path
+        found = callback.last_model_path if callback is not None else ""
+        if not found and callback is not None:
+            folder = callback.resolve_dirpath(self)
+            names = [name for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+                     if callback.CHECKPOINT_NAME_LAST in name]
+            found = max((os.path.join(folder, name) for name in names), key=os.path.getmtime, default="")
+        if not found:
+            warnings.warn('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                          "will be loaded: the fit starts fresh.", stacklevel=3)
+        return found or None
 
     @contextlib.contextmanager
     def _fit_context(self, model: Any) -> Any:

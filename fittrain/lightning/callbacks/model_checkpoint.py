@@ -7,8 +7,9 @@ given), the name "{epoch}-{step}" -> "epoch=1-step=10", the newest save kept alo
 `{default_root_dir}/checkpoints` without a logger, settled when the stage is set up; the attributes
 `best_model_path`, `best_model_score`, `best_k_models`, `kth_best_model_path`, `last_model_path`.
 
-Different, because fittrain's checkpoints are folders: names carry no ".ckpt"; `last` is a link to
-the newest folder; with a `monitor` the newest save is kept beside the k best (an exact resume needs
+Different, because fittrain's checkpoints are folders: "epoch=1-step=10.ckpt" is a folder (whose
+`model.safetensors` holds the weights; `LightningModule.load_from_checkpoint` reads it); `last` is a
+link to the newest folder; with a `monitor` the newest save is kept beside the k best (an exact resume needs
 it). Not supported (refused when built): `save_weights_only=True`, `train_time_interval`,
 `enable_version_counter=False`, `verbose=True`.
 """
@@ -62,8 +63,11 @@ class ModelCheckpoint(Callback):
     CHECKPOINT_JOIN_CHAR = "-"
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
-    FILE_EXTENSION = ""
+    FILE_EXTENSION = ".ckpt"
     STARTING_VERSION = 1
+    #: Lightning's naming attributes, set on the class or the instance, passed to the Checkpointer at setup.
+    NAMING = ("CHECKPOINT_JOIN_CHAR", "CHECKPOINT_EQUALS_CHAR", "CHECKPOINT_NAME_LAST", "FILE_EXTENSION",
+              "STARTING_VERSION")
 
     def __init__(self, dirpath: Any = None, filename: str | None = None, monitor: str | None = None,
                  verbose: bool = False, save_last: bool | str | None = None, save_top_k: int = 1,
@@ -115,6 +119,8 @@ class ModelCheckpoint(Callback):
         if stage == "fit" and self.native is not None:
             self.native.dirpath = check_dirpath(self.resolve_dirpath(trainer))
             self.dirpath = self.native.dirpath
+            for name in self.NAMING:
+                setattr(self.native, name, getattr(self, name))
 
     def resolve_dirpath(self, trainer: "Trainer") -> str:
         """`dirpath`, or Lightning's default folder for `trainer`'s first logger."""

@@ -78,6 +78,20 @@ class Logger:
         return "/"
 
 
+class DummyLogger(Logger):
+    """What the loggers become under `fast_dev_run` (Lightning's): every call does nothing, and
+    `experiment` absorbs any call, so `self.logger.experiment.add_image(...)` still runs."""
+
+    @property
+    def experiment(self) -> Any:
+        from fittrain.trackers.base import NoOpTracker  # noqa: PLC0415 -- only for fast_dev_run
+
+        return NoOpTracker("dummy")
+
+    def __getitem__(self, index: int) -> "DummyLogger":
+        return self
+
+
 class VersionedFolder:
     """`{save_dir}/{name}/version_{n}` (or `.../{version}` for a str), Lightning's file layout; the
     version, when not given, is the next free number, found on first use.
