@@ -16,12 +16,14 @@ after the last call, what `test` returned, a summary of `predict`'s outputs, glo
 and the sum of the weights), and the two runs must agree, rank by rank, on every name and value.
 
 Tolerance: integers and names exactly; floats within a relative 1e-5 (absolute 1e-6 near zero). The two
-runs compute the same float32 steps in the same order (same seed, same batches, torch's DDP on both), so
-losses, weights and predictions agree bitwise. What may differ is how an epoch mean is accumulated:
-Lightning sums value * batch_size in float32 batch by batch, fittrain in float64; those roundings differ
-by a few float32 ulps (1e-7 relative). 1e-5 is far above that and far below what a real difference makes
-(one more or one fewer optimizer step, another batch or another shuffle moves these losses by 1e-3 or
-more).
+runs compute the same float32 steps in the same order (same seed, same batches, torch's DDP on both, one
+thread per process), so losses, weights and predictions agree bitwise; when this test was written all
+eight cases agreed bitwise. What may differ is how an epoch mean is accumulated: Lightning sums
+value * batch_size in float32 batch by batch, fittrain in float64; those roundings may differ by a few
+float32 ulps (1e-7 relative). 1e-5 is far above that and far below what a real difference makes (one
+more or one fewer optimizer step, another batch, another shuffle or another random draw moves these
+values by 1e-3 or more). The thread count matters too: the same Lightning run on 2 threads ends with
+weights 4e-8 apart, hence OMP_NUM_THREADS=1 (jobs.job_env) for both.
 """
 
 from __future__ import annotations
@@ -71,16 +73,16 @@ def _no_lightning(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
-def run_lightning(name: str, nproc: int, workdir: pathlib.Path) -> dict[str, dict]:
-    """Runs the program on Lightning in `workdir`; returns each rank's record."""
+def start_lightning(name: str, nproc: int, workdir: pathlib.Path) -> jobs.Job:
+    """Starts the program on Lightning in `workdir`."""
     workdir.mkdir()
     env = jobs.job_env(MASTER_PORT=str(jobs.free_port()))  # Lightning's DDP on CPU rendezvous there
-    args = jobs.python_script(EXAMPLES / f"{name}.py", "--devices", nproc, "--out", workdir)
-    return _records(jobs.run(args, env=env, timeout=TIMEOUT, cwd=workdir).check(), workdir, nproc)
+    return jobs.Job(jobs.python_script(EXAMPLES / f"{name}.py", "--devices", nproc, "--out", workdir), env=env,
+                    timeout=TIMEOUT, cwd=workdir)
 
 
-def run_fittrain(name: str, nproc: int, workdir: pathlib.Path) -> dict[str, dict]:
-    """Runs the program, its imports rewritten to fittrain.lightning, in `workdir`; returns each rank's record."""
+def start_fittrain(name: str, nproc: int, workdir: pathlib.Path) -> jobs.Job:
+    """Starts the program, its imports rewritten to fittrain.lightning, in `workdir`."""
     workdir.mkdir()
     program = workdir / f"{name}.py"
     program.write_text(port((EXAMPLES / f"{name}.py").read_text()))
@@ -88,7 +90,16 @@ def run_fittrain(name: str, nproc: int, workdir: pathlib.Path) -> dict[str, dict
     script_args = ("--devices", nproc, "--out", workdir)
     args = (jobs.python_script(program, *script_args) if nproc == 1
             else jobs.fittrain_launch(nproc, program, *script_args))
-    return _records(jobs.run(args, env=env, timeout=TIMEOUT, cwd=workdir).check(), workdir, nproc)
+    return jobs.Job(args, env=env, timeout=TIMEOUT, cwd=workdir)
+
+
+def records(job: jobs.Job, nproc: int) -> dict[str, dict]:
+    """Waits for the job to end well; returns each rank's record."""
+    try:
+        finished = job.wait()
+    finally:
+        job.kill_group()
+    return _records(finished, job.cwd, nproc)
 
 
 def _records(finished: jobs.Finished, workdir: pathlib.Path, nproc: int) -> dict[str, dict]:
@@ -146,7 +157,9 @@ def test_differences_names_every_mismatch() -> None:
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_example_matches_lightning(name: str, nproc: int, tmp_path: pathlib.Path) -> None:
-    lightning = run_lightning(name, nproc, tmp_path / "lightning")
-    fittrain = run_fittrain(name, nproc, tmp_path / "fittrain")
+    # Both runs at once: each is mostly an interpreter importing torch, and neither reads the other's files.
+    lightning_job = start_lightning(name, nproc, tmp_path / "lightning")
+    fittrain_job = start_fittrain(name, nproc, tmp_path / "fittrain")
+    lightning, fittrain = records(lightning_job, nproc), records(fittrain_job, nproc)
     found = differences(lightning, fittrain)
     assert not found, f"{name} on {nproc} process(es) differs from Lightning:\n" + "\n".join(found)
