@@ -58,7 +58,10 @@ class EarlyStop(Callback):
         self.wait, self.stopped_epoch, self._checks = 0, None, 0
 
     def on_validation_end(self, trainer: "Trainer") -> None:
-        """Compares the monitored value with the best so far and stops training when patience ran out."""
+        """Compares the monitored value with the best so far and stops training when patience ran out;
+        the sanity check's validation (Trainer(num_sanity_val_steps=...)) is no check, as in Lightning."""
+        if trainer.sanity_checking:
+            return
         value = self._read(trainer)
         self._checks += 1
         if self.check_finite and not math.isfinite(value):

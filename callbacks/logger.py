@@ -172,10 +172,12 @@ class Logger(Callback):
 
     def on_validation_start(self, trainer: "Trainer") -> None:
         """Logs the training metrics reached so far, remembers which metric values exist, and
-        starts the validation bar."""
+        starts the validation bar. The sanity check's validation writes nothing: its metrics are discarded."""
         if not self._active:
             return
         self._progress.on_validation_start(trainer)
+        if trainer.sanity_checking:
+            return
         if trainer.state.global_step != self._last_step:
             self._log_training(trainer, trainer.state.global_step)
         trainer.state.raw_metrics.as_floats()  # converts pending tensors in place, so identities stay stable
@@ -186,9 +188,9 @@ class Logger(Callback):
         self._progress.on_validation_batch_end(trainer)
 
     def on_validation_end(self, trainer: "Trainer") -> None:
-        """Writes the metrics this validation produced and shows them on the bar."""
+        """Writes the metrics this validation produced and shows them on the bar (not the sanity check's)."""
         self._progress.on_validation_end(trainer)
-        if not self._active:
+        if not self._active or trainer.sanity_checking:
             return
         # Validation stores new float objects; anything else in the metrics is the same object as before.
         raw = trainer.state.raw_metrics
