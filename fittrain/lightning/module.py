@@ -103,6 +103,9 @@ class LightningModule(TrainModule):
         names = getattr(trainer, "logged_names", None)
         logger = True if logger is None else logger
         if names is not None:
+            if trainer.barebones:
+                raise ValueError(f"{type(self).__name__}.log({name!r}, ...): logging is off in "
+                                 "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
             evaluating = trainer.evaluation.averager is not None
             if evaluating and not sync_dist and not trainer.sanity_checking and on_epoch is not False:

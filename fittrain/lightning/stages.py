@@ -94,20 +94,20 @@ class LightningStages(DataStages):
         if failed:
             return
         for callback in trainer.lightning_callbacks:
-            callback.teardown(trainer, module, stage)
+            callback.teardown(trainer, module, stage=stage)
         teardown = getattr(module, "teardown", None)
         if callable(teardown):
-            teardown(stage)
+            teardown(stage=stage)
 
     def _setup(self, stage: str, module: Any) -> None:
         trainer = self.trainer
         trainer.settle_logger_versions()
         self._module = module
         for callback in trainer.lightning_callbacks:
-            callback.setup(trainer, module, stage)
+            callback.setup(trainer, module, stage=stage)
         setup = getattr(module, "setup", None)
         if callable(setup):
-            setup(stage)
+            setup(stage=stage)
         if trainer.enable_autolog_hparams and trainer.loggers:
             self._log_hyperparams(module)
         for logger in trainer.loggers:

@@ -106,6 +106,7 @@ class Callback:
     def native_callbacks(self, trainer: "Trainer") -> list[NativeCallback]:
         """The native callbacks that run this one in `trainer`'s loop: a `HookAdapter` when its class
         overrides a hook or has state; none otherwise. Mapped callbacks (ModelCheckpoint, ...) add theirs."""
+        check_callback(self)
         return [hook_adapter(self, trainer)] if overridden(self) else []
 
 

@@ -178,13 +178,13 @@ class CSVLogger(_FileLogger):
                  prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         super().__init__(save_dir, name, version, prefix)
         self._flush_every = flush_logs_every_n_steps
-        self._experiment: CSVWriter | None = None
+        self._experiment: ExperimentWriter | None = None
 
     @property
-    def experiment(self) -> "CSVWriter":
+    def experiment(self) -> "ExperimentWriter":
         """The writer of `metrics.csv` and `hparams.yaml` (Lightning's `ExperimentWriter`)."""
         if self._experiment is None:
-            self._experiment = CSVWriter(self.log_dir, self.hparams)
+            self._experiment = ExperimentWriter(self.log_dir, self.hparams)
         return self._experiment
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
@@ -208,7 +208,7 @@ class CSVLogger(_FileLogger):
         return f"CSVLogger(save_dir={self.save_dir!r}, name={self.name!r}, version={self._folder._version!r})"
 
 
-class CSVWriter:
+class ExperimentWriter:
     """Lightning's CSV experiment writer: rows kept in memory, written with a sorted header of every
     key seen (the file is rewritten when a new key appears).
 

@@ -1,0 +1,300 @@
+"""fittrain.lightning as a namespace: its names, what they are in fittrain, and a small program's observable
+results next to Lightning's (hook counts, metric views, stages, schedulers, self.logger, load_from_checkpoint).
+
+Each comparison runs one program with `lightning.pytorch` and with `fittrain.lightning` in this process
+(tests/lightning/lightning_programs.py) and asserts the records are the same.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fittrain
+import fittrain.lightning as pl
+from fittrain.lightning import callbacks, loggers
+from lightning_programs import (
+    assert_same,
+    both,
+    dataset,
+    floats,
+    loaders,
+    probe_callback,
+    probe_module,
+    trainer_kwargs,
+)
+
+
+def test_the_namespace_maps_onto_fittrain_classes() -> None:
+    from fittrain.lightning.core import LightningDataModule, LightningModule
+    from fittrain.lightning.trainer import Trainer
+
+    assert LightningModule is pl.LightningModule and LightningDataModule is pl.LightningDataModule
+    assert Trainer is pl.Trainer and issubclass(pl.Trainer, fittrain.Trainer)
+    assert issubclass(pl.LightningModule, fittrain.TrainModule)
+    assert issubclass(pl.LightningDataModule, fittrain.DataModule)
+    assert pl.seed_everything is fittrain.seed_everything
+    assert pl.Callback is callbacks.Callback
+    assert set(callbacks.__all__) >= {"Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
+                                      "ModelSummary", "TQDMProgressBar"}
+    assert set(loggers.__all__) >= {"Logger", "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger"}
+    assert issubclass(callbacks.ModelCheckpoint, pl.Callback) and issubclass(callbacks.EarlyStopping, pl.Callback)
+
+
+@pytest.mark.subprocess
+def test_fittrain_lightning_never_imports_lightning(tmp_path: pathlib.Path) -> None:
+    code = textwrap.dedent("""
+        import sys, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        import fittrain.lightning as pl
+        from fittrain.lightning.callbacks import ModelCheckpoint, EarlyStopping, LearningRateMonitor
+        from fittrain.lightning.loggers import CSVLogger, TensorBoardLogger
+
+        class M(pl.LightningModule):
+            def __init__(self):
+                super().__init__(); self.net = torch.nn.Linear(3, 1)
+            def training_step(self, batch, batch_idx):
+                loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]); self.log("loss", loss)
+                return loss
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        x = torch.randn(16, 3)
+        pl.Trainer(max_epochs=1, enable_progress_bar=False, logger=CSVLogger(".")).fit(
+            M(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+        used = sorted(name for name in sys.modules if name.split(".")[0] in ("lightning", "pytorch_lightning"))
+        assert not used, used
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def _fit_and_test(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    module, callback = probe_module(api.pl), probe_callback(api.pl)
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, callbacks=[callback], log_every_n_steps=2))
+    train, val = loaders()
+    trainer.fit(module, train, val)
+    record = {
+        "callback_metrics": floats(trainer.callback_metrics), "logged_metrics": floats(trainer.logged_metrics),
+        "progress_bar_metrics": floats(trainer.progress_bar_metrics), "global_step": trainer.global_step,
+        "current_epoch": trainer.current_epoch, "module_calls": dict(module.calls), "seen": dict(module.seen),
+        "callback_calls": dict(callback.calls), "notes": dict(callback.notes),
+    }
+    record["test"] = trainer.test(module, DataLoader(dataset(), batch_size=8), verbose=False)
+    record["after_test"] = floats(trainer.callback_metrics)
+    record["after_test_calls"] = dict(callback.calls)
+    return record
+
+
+def test_metric_views_and_hook_counts_match_lightning(tmp_path: pathlib.Path) -> None:
+    records = both(_fit_and_test, tmp_path)
+    assert_same(records)
+    fitted = records["fittrain"]
+    # What Lightning's views hold, by name (the comparison above says the values are Lightning's too).
+    assert set(fitted["callback_metrics"]) == {"loss", "loss_step", "loss_epoch", "double", "val_loss"}
+    assert set(fitted["logged_metrics"]) == {"loss_step", "loss_epoch", "double", "val_loss"}
+    assert set(fitted["progress_bar_metrics"]) == {"loss_step", "loss_epoch"}
+    assert fitted["notes"]["sanity_checking"] == [True, False, False]  # the sanity check, then two epochs
+    assert fitted["notes"]["outputs"][0] == ["loss"]  # a returned loss reaches callbacks as {"loss": loss}
+    assert set(fitted["after_test"]) == {"test_loss"}  # a new stage starts the views over
+
+
+def _scheduled(interval_form: str) -> Any:
+    def run(api: Any, root: pathlib.Path) -> dict[str, Any]:
+        def optimizers(module: Any) -> Any:
+            opt = torch.optim.SGD(module.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            return {"lists": ([opt], [sched]),
+                    "dict": {"optimizer": opt, "lr_scheduler": sched},
+                    "dict_no_interval": {"optimizer": opt, "lr_scheduler": {"scheduler": sched}},
+                    "step": {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}}[interval_form]
+
+        module = probe_module(api.pl, optimizers=optimizers)
+        rates: list[float] = []
+
+        class Rates(api.pl.Callback):
+            def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+                rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+        trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=3, callbacks=[Rates()], logger=False,
+                                                  enable_checkpointing=False))
+        trainer.fit(module, loaders()[0])
+        return {"rates": rates, "weights": float(module.net.weight.sum())}
+    return run
+
+
+@pytest.mark.parametrize("form", ["lists", "dict", "dict_no_interval", "step"])
+def test_schedulers_step_when_lightnings_do(form: str, tmp_path: pathlib.Path) -> None:
+    records = both(_scheduled(form), tmp_path)
+    assert_same(records)
+    rates = records["fittrain"]["rates"]
+    assert len(set(rates)) == (len(rates) if form == "step" else 3)  # per step, or per epoch (Lightning's default)
+
+
+def _stages(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    class OwnData(api.pl.LightningModule):
+        """Builds its data in setup and serves it from its own *_dataloader methods."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+            self.stages: list[str] = []
+
+        def setup(self, stage: str) -> None:
+            self.stages.append(f"setup:{getattr(stage, 'value', stage)}")  # Lightning's TrainerFn is a str enum
+            self.data = dataset(24)
+
+        def teardown(self, stage: str) -> None:
+            self.stages.append(f"teardown:{getattr(stage, 'value', stage)}")
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(self.data, batch_size=8, shuffle=True)
+
+        def val_dataloader(self) -> DataLoader:
+            return DataLoader(self.data, batch_size=8)
+
+        def test_dataloader(self) -> DataLoader:
+            return DataLoader(self.data, batch_size=12)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = OwnData()
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, logger=False, enable_checkpointing=False))
+    trainer.fit(module)
+    fit = floats(trainer.callback_metrics)
+    test = trainer.test(module, verbose=False)
+    return {"stages": module.stages, "fit": fit, "test": test, "global_step": trainer.global_step,
+            "logger": trainer.logger, "loggers": trainer.loggers}
+
+
+def test_setup_teardown_stages_and_the_modules_own_loaders_match_lightning(tmp_path: pathlib.Path) -> None:
+    records = both(_stages, tmp_path)
+    assert_same(records)
+    assert records["fittrain"]["stages"] == ["setup:fit", "teardown:fit", "setup:test", "teardown:test"]
+
+
+def _loggers_seen(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    class Looks(api.pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch_idx == 0:
+                seen["logger_is_trainers"] = self.logger is self.trainer.logger
+                seen["loggers"] = [type(logger).__name__ for logger in self.loggers]
+                seen["experiments"] = [type(logger.experiment).__name__ for logger in self.loggers]
+                self.loggers[0].experiment.add_scalar("custom", 1.5, self.global_step)
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    csv = api.loggers.CSVLogger(str(root), name="csv")
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=1, logger=[api.loggers.TensorBoardLogger(str(root)),
+                                                                          csv]))
+    trainer.fit(Looks(), loaders()[0])
+    seen["log_dir"] = pathlib.Path(trainer.log_dir).relative_to(root).as_posix()
+    seen["csv_log_dir"] = pathlib.Path(csv.log_dir).relative_to(root).as_posix()
+    return seen
+
+
+def test_self_logger_and_the_loggers_experiments_are_lightnings(tmp_path: pathlib.Path) -> None:
+    records = both(_loggers_seen, tmp_path)
+    assert_same(records)
+    assert records["fittrain"]["experiments"][0] == "SummaryWriter"
+
+
+def _evaluation_on_step(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    def logs(module: Any, place: str, loss: Any) -> None:
+        if place == "train":
+            module.log("train_loss", loss)
+        elif place in ("val", "test"):
+            module.log(f"{place}_loss", loss, on_step=True)  # Lightning's autoencoder example does this
+            module.log(f"{place}_mae", loss.sqrt(), prog_bar=True)
+
+    module = probe_module(api.pl, logs=logs)
+    csv = api.loggers.CSVLogger(str(root))
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, logger=csv, num_sanity_val_steps=0))
+    trainer.fit(module, *loaders())
+    record = {"fit": floats(trainer.callback_metrics), "logged": floats(trainer.logged_metrics),
+              "bar": floats(trainer.progress_bar_metrics)}
+    record["test"] = trainer.test(module, loaders()[1], verbose=False)
+    record["after_test"] = floats(trainer.callback_metrics)
+    record["csv"] = (pathlib.Path(csv.log_dir) / "metrics.csv").read_text().splitlines()[0]
+    return record
+
+
+def test_on_step_in_evaluation_gives_lightnings_names(tmp_path: pathlib.Path) -> None:
+    records = both(_evaluation_on_step, tmp_path)
+    assert_same(records)
+    assert {"val_loss", "val_loss_epoch"} <= set(records["fittrain"]["fit"])
+    assert list(records["fittrain"]["test"][0]) == ["test_loss_epoch", "test_mae"]
+
+
+def test_a_lightning_hook_fittrain_never_calls_is_refused(tmp_path: pathlib.Path) -> None:
+    class Steps(pl.LightningModule):
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, logger=False, enable_checkpointing=False))
+    with pytest.raises(NotImplementedError, match="optimizer_step.*would silently never run"):
+        trainer.fit(Steps(), loaders()[0])
+
+    class ZeroGrad(pl.Callback):
+        def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            pass
+
+    with pytest.raises(NotImplementedError, match="on_before_zero_grad.*on_before_optimizer_step"):
+        pl.Trainer(callbacks=[ZeroGrad()], default_root_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="`model` must be a `LightningModule`"):
+        trainer.fit(fittrain.TrainModule(), loaders()[0])
+
+
+def test_load_from_checkpoint_rebuilds_the_module_from_a_checkpoint_folder(tmp_path: pathlib.Path) -> None:
+    class Sized(pl.LightningModule):
+        def __init__(self, hidden: int = 4, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(torch.nn.Linear(3, hidden), torch.nn.Linear(hidden, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    module = Sized(hidden=5, lr=0.05)
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, logger=False))
+    trainer.fit(module, loaders()[0])
+    path = trainer.checkpoint_callback.best_model_path
+    assert path.endswith("epoch=1-step=10.ckpt") and pathlib.Path(path).is_dir()
+    loaded = Sized.load_from_checkpoint(path)
+    assert dict(loaded.hparams) == {"hidden": 5, "lr": 0.05}
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert Sized.load_from_checkpoint(path, lr=0.5).hparams.lr == 0.5  # keyword arguments win
+    with pytest.raises(ValueError, match="hparams_file"):
+        Sized.load_from_checkpoint(path, hparams_file="hparams.yaml")
