@@ -66,8 +66,11 @@ class LoggerConnector(NativeCallback):
 
     def on_train_batch_end(self, trainer: Any) -> None:
         step = trainer.state.global_step
-        if step == self._last_step:  # inside an accumulation window, or a skipped batch: Lightning logs nothing
+        if step == self._last_step:  # inside an accumulation window, a skipped batch, or written already
             return
+        self._step_row(trainer, step)
+
+    def _step_row(self, trainer: Any, step: int) -> None:
         self._last_step = step
         lightning = self.trainer
         if lightning.log_every_n_steps and (step % lightning.log_every_n_steps == 0 or trainer.state.should_stop):
@@ -76,7 +79,10 @@ class LoggerConnector(NativeCallback):
     def on_validation_end(self, trainer: Any) -> None:
         if trainer.sanity_checking:
             return
-        step = trainer.state.global_step - (1 if self.trainer.fitting else 0)
+        step = trainer.state.global_step
+        if self.trainer.fitting and trainer.batch is not None and step != self._last_step:
+            self._step_row(trainer, step)  # a validation after this batch's step: Lightning writes the step's row first
+        step -= 1 if self.trainer.fitting else 0
         self._write(self.trainer.logged_names.take_row(trainer.state.raw_metrics, "eval"), step)
 
     def on_test_end(self, trainer: Any) -> None:
@@ -88,7 +94,7 @@ class LoggerConnector(NativeCallback):
 
     def _write(self, row: dict[str, float], step: int, epoch: bool = True) -> None:
         loggers = self.trainer.loggers
-        if not row or not loggers or not self.trainer.log_every_n_steps:
+        if not row or not loggers:
             return
         if epoch:
             row.setdefault("epoch", self.trainer.current_epoch)

@@ -25,6 +25,7 @@ from fittrain.lightning import arguments as args
 from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks
 from fittrain.lightning.connector import OptimizerSteps, Predictions
 from fittrain.lightning.loggers.base import DummyLogger
+from fittrain.lightning.loop import LightningLoopPlan
 from fittrain.lightning.metrics import LoggedNames
 from fittrain.lightning.module import LightningModule, check_lightning_module
 from fittrain.lightning.properties import LightningAttributes
@@ -121,6 +122,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         if max_epochs_native is None and max_steps_native is None and max_time is None:
             self.max_epochs = None  # max_epochs=-1: no limit (the native default would be one epoch)
         self.data = LightningStages(self)
+        self.loops = LightningLoopPlan(self.limits, self)  # epoch-end validations after whole epochs only
         args.apply_benchmark(benchmark)
 
     def _remember(self, given: dict[str, Any], defaults: dict[str, Any], mixed: str,
