@@ -41,6 +41,9 @@ class LoggerConnector(NativeCallback):
     def on_fit_start(self, trainer: Any) -> None:
         self.eval_batches = 0
 
+    def on_sanity_check_end(self, trainer: Any) -> None:
+        self.trainer.logged_names.reset()  # Lightning's views forget what the sanity check logged
+
     def on_validation_batch_end(self, trainer: Any) -> None:
         if not trainer.sanity_checking:
             self._eval_step_row(trainer)

@@ -5,7 +5,7 @@ The native Trainer keeps every metric in `trainer.state.raw_metrics`: what `self
 `x_step`/`x_epoch` when both were asked, and `x` the latest of the two), and also what fittrain adds
 on its own (`train_loss`, `grad_norm`, a value `validation_step` returned). Lightning's views hold
 only what `self.log` recorded, and only in the current run: each `fit`, `validate`, `test` and
-`predict` starts them empty, and what the sanity check logged is dropped. So `LoggedNames` notes,
+`predict` starts them empty, and what the sanity check logged is dropped when it ends. So `LoggedNames` notes,
 at each `self.log` call (LightningModule.log), which names that call produced and where:
 
     in a training batch   x (on_step) or x (on_epoch), or x_step and x_epoch when both
@@ -47,7 +47,8 @@ class LoggedNames:
         self.reset()
 
     def reset(self) -> None:
-        """Empties every view: a run starts, or the sanity check ended."""
+        """Empties every view: a run starts, or the sanity check ended (Lightning's views hold what it
+        logged while it runs, and nothing of it afterwards)."""
         self.callback: dict[str, None] = {}
         self.logged: dict[str, None] = {}
         self.pbar: dict[str, None] = {}
@@ -95,8 +96,6 @@ class LoggedNames:
         key = (name, place, prog_bar, logger, on_step, on_epoch)
         if key in self._seen:
             return
-        if getattr(trainer, "sanity_checking", False):
-            return  # Lightning drops what the sanity check logs
         self._seen.add(key)
         if place == "step":
             self._note_step(name, prog_bar, logger, on_step is None or bool(on_step), bool(on_epoch))

@@ -108,7 +108,7 @@ class LightningModule(TrainModule):
                                  "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
             evaluating = trainer.evaluation.averager is not None
-            if evaluating and not sync_dist and not trainer.sanity_checking and on_epoch is not False:
+            if evaluating and not sync_dist and on_epoch is not False:
                 names.add_local(name, value, float(batch_size or batch_size_of(trainer.evaluation.batch) or 1))
             if on_step and evaluating:
                 # Lightning's per-batch value in an evaluation loop (x_step, for the loggers), which the
