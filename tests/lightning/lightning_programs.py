@@ -204,6 +204,8 @@ def relative_files(root: pathlib.Path, below: str = "") -> list[str]:
     found = []
     for path in sorted((root / below).rglob("*")):
         name = path.relative_to(root).as_posix()
+        if ".ckpt/" in name:
+            continue  # inside a fittrain checkpoint (a folder where Lightning writes one file)
         found.append(name.split("events.out.tfevents")[0] + "events.out.tfevents" if "tfevents" in name else name)
     return found
 

@@ -169,9 +169,9 @@ def write_hparams_yaml(path: str, hparams: dict[str, Any]) -> None:
     safe = {str(key): _yaml_value(value) for key, value in hparams.items()}
     with open(path, "w", encoding="utf-8") as file:
         if yaml is not None:
-            yaml.safe_dump(safe, file, sort_keys=False)
+            yaml.safe_dump(safe, file, sort_keys=True)  # Lightning's order
         else:
-            json.dump(safe, file, indent=2)
+            json.dump(safe, file, indent=2, sort_keys=True)
 
 
 def _yaml_value(value: Any, depth: int = 0) -> Any:
