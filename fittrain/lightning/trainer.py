@@ -212,6 +212,28 @@ class Trainer(LightningAttributes, NativeTrainer):
             self.predictions.outputs = None
         return None if return_predictions is False else outputs
 
+    def save_checkpoint(self, filepath: Any, weights_only: bool = False, storage_options: Any = None) -> None:
+        """Lightning's: saves the fitted state (every process must call it), as a fittrain checkpoint
+        folder at `filepath` (atomic and verified; `load_from_checkpoint` and `fit(ckpt_path=)` read it).
+
+        Raises:
+            ValueError: for `weights_only=True` or `storage_options`, which fittrain.lightning does not take.
+            RuntimeError: before a fit, when there is no training state to save.
+        """
+        if weights_only or storage_options is not None:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True / storage_options=...) is not supported by "
+                             "fittrain.lightning: a checkpoint holds the whole training state (its model.safetensors "
+                             "holds the weights). Use trainer.accelerator.save_model(model, folder) for weights alone.")
+        if self.optimization is None:
+            raise RuntimeError("Saving a checkpoint is only possible after `trainer.fit(...)` has set up the training "
+                               "state. Call fit first.")
+        config = self.accelerator.project_configuration
+        automatic, config.automatic_checkpoint_naming = config.automatic_checkpoint_naming, False  # at filepath
+        try:
+            self.accelerator.save_state(os.fspath(filepath))
+        finally:
+            config.automatic_checkpoint_naming = automatic
+
     # ----------------------------------------------------------------- helpers
     def _start_stage(self, stage: str, model: Any, datamodule: Any) -> None:
         if not isinstance(model, LightningModule):

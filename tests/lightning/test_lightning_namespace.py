@@ -298,3 +298,20 @@ def test_load_from_checkpoint_rebuilds_the_module_from_a_checkpoint_folder(tmp_p
     assert Sized.load_from_checkpoint(path, lr=0.5).hparams.lr == 0.5  # keyword arguments win
     with pytest.raises(ValueError, match="hparams_file"):
         Sized.load_from_checkpoint(path, hparams_file="hparams.yaml")
+
+
+def test_save_checkpoint_writes_a_folder_fit_resumes_and_load_from_checkpoint_reads(tmp_path: pathlib.Path) -> None:
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False, enable_checkpointing=False))
+    with pytest.raises(RuntimeError, match="Call fit first"):
+        trainer.save_checkpoint(tmp_path / "early.ckpt")
+    module = probe_module(pl)
+    trainer.fit(module, *loaders())
+    trainer.save_checkpoint(tmp_path / "final.ckpt")
+    assert (tmp_path / "final.ckpt" / "model.safetensors").is_file()
+    resumed = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, logger=False, enable_checkpointing=False))
+    resumed.fit(probe_module(pl), *loaders(), ckpt_path=tmp_path / "final.ckpt")
+    assert (resumed.current_epoch, resumed.global_step) == (2, 10)  # the second epoch only
+    loaded = type(module).load_from_checkpoint(tmp_path / "final.ckpt")
+    assert torch.equal(loaded.net.weight, module.net.weight)
+    with pytest.raises(ValueError, match="weights_only=True"):
+        trainer.save_checkpoint(tmp_path / "w.ckpt", weights_only=True)
