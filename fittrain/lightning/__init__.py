@@ -19,8 +19,10 @@ schedulers step (module.py), when loggers get rows (connector.py). Processes are
 fittrain cannot honour raises when built, naming the fittrain way; docs/migration.md lists every
 name: same, different or not applicable, and why.
 
-Modules: module, trainer (with properties, build, arguments, stages, connector, metrics, verbose),
-core, callbacks/, loggers/. May import every fittrain layer (it is the top one); never `lightning`.
+Modules: module, core; trainer with properties (its attributes), arguments (checks), build (loggers
+and callbacks), stages (setup/teardown), loop (epoch-end validations), connector (logging rows),
+metrics (the views), sharding (Lightning's per-process data), verbose (result tables); callbacks/,
+loggers/. May import every fittrain layer (it is the top one); never `lightning`.
 """
 
 from fittrain.accelerator.seeding import seed_everything
