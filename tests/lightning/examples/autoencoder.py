@@ -27,7 +27,9 @@
 # - ImageSampler removed: it only saves torchvision image grids (it raises without torchvision), and with
 #   it the imports it alone needed (rank_zero_only, _TORCHVISION_AVAILABLE, torchvision); cli_lightning_logo
 #   removed.
-# - Added at the end: `write_metrics`, this process's final metrics as JSON for the comparison.
+# - Added: `write_metrics` at the end, this process's final metrics as JSON for the comparison (what
+#   callback_metrics, logged_metrics and progress_bar_metrics hold after fit, callback_metrics after the last call, the
+#   best checkpoint's and the log folder's paths, global_step, current_epoch, the sum of the weights).
 # ruff: noqa: I001  (upstream's import grouping kept as it is)
 """MNIST autoencoder example.
 
@@ -132,7 +134,10 @@ def cli_main(args):
     trainer = Trainer(max_epochs=2, accelerator="cpu", devices=args.devices,
                       strategy="ddp" if args.devices > 1 else "auto")
     trainer.fit(model, datamodule=datamodule)
-    fit_metrics = dict(trainer.callback_metrics)
+    fit_metrics = {"callback": dict(trainer.callback_metrics), "logged": dict(trainer.logged_metrics),
+                   "progress_bar": dict(trainer.progress_bar_metrics),
+                   "best_model_path": os.path.relpath(trainer.checkpoint_callback.best_model_path),
+                   "log_dir": os.path.relpath(trainer.log_dir)}
     test_metrics = trainer.test(ckpt_path="best", datamodule=datamodule)
     predictions = trainer.predict(ckpt_path="best", datamodule=datamodule)
     print(predictions[0])
@@ -142,7 +147,11 @@ def cli_main(args):
 def write_metrics(out, trainer, model, fit_metrics, test_metrics, predictions):
     """Writes this process's final metrics to OUT/rank{global_rank}.json (added for the comparison)."""
     record = {
-        "fit_callback_metrics": {name: float(value) for name, value in fit_metrics.items()},
+        "fit_callback_metrics": {name: float(value) for name, value in fit_metrics["callback"].items()},
+        "fit_logged_metrics": {name: float(value) for name, value in fit_metrics["logged"].items()},
+        "fit_progress_bar_metrics": {name: float(value) for name, value in fit_metrics["progress_bar"].items()},
+        "best_model_path": fit_metrics["best_model_path"],
+        "log_dir": fit_metrics["log_dir"],
         "final_callback_metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
         "test": test_metrics,
         "predict": {"batches": len(predictions), "first_shape": list(predictions[0].shape),

@@ -10,7 +10,9 @@
 # - seed_everything(0) added first (the original seeds nothing, so its random data and weights differ on
 #   every run); Trainer(...) gains accelerator="cpu", devices=--devices and strategy="ddp" for 2 devices.
 #   Its sizes are the original's (it downloads nothing).
-# - Added at the end: `write_metrics`, this process's final metrics as JSON for the comparison.
+# - Added: `write_metrics` at the end, this process's final metrics as JSON for the comparison (what
+#   callback_metrics, logged_metrics and progress_bar_metrics hold after fit, callback_metrics after the last call, the
+#   best checkpoint's and the log folder's paths, global_step, current_epoch, the sum of the weights).
 # ruff: noqa: I001  (upstream's import grouping kept as it is)
 import argparse
 import json
@@ -79,7 +81,10 @@ def run(args):
         strategy="ddp" if args.devices > 1 else "auto",
     )
     trainer.fit(model, train_dataloaders=train_data, val_dataloaders=val_data)
-    fit_metrics = dict(trainer.callback_metrics)
+    fit_metrics = {"callback": dict(trainer.callback_metrics), "logged": dict(trainer.logged_metrics),
+                   "progress_bar": dict(trainer.progress_bar_metrics),
+                   "best_model_path": os.path.relpath(trainer.checkpoint_callback.best_model_path),
+                   "log_dir": os.path.relpath(trainer.log_dir)}
     test_metrics = trainer.test(model, dataloaders=test_data)
     write_metrics(args.out, trainer, model, fit_metrics, test_metrics)
 
@@ -87,7 +92,11 @@ def run(args):
 def write_metrics(out, trainer, model, fit_metrics, test_metrics):
     """Writes this process's final metrics to OUT/rank{global_rank}.json (added for the comparison)."""
     record = {
-        "fit_callback_metrics": {name: float(value) for name, value in fit_metrics.items()},
+        "fit_callback_metrics": {name: float(value) for name, value in fit_metrics["callback"].items()},
+        "fit_logged_metrics": {name: float(value) for name, value in fit_metrics["logged"].items()},
+        "fit_progress_bar_metrics": {name: float(value) for name, value in fit_metrics["progress_bar"].items()},
+        "best_model_path": fit_metrics["best_model_path"],
+        "log_dir": fit_metrics["log_dir"],
         "final_callback_metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
         "test": test_metrics,
         "global_step": trainer.global_step,

@@ -30,7 +30,9 @@
 # - on_train_epoch_end: torchvision.utils.make_grid (torchvision is no dependency here) -> the 8 samples
 #   side by side with torch.cat; the grid still goes to every logger's experiment.add_image.
 #   cli_lightning_logo removed.
-# - Added at the end: `write_metrics`, this process's final metrics as JSON for the comparison.
+# - Added: `write_metrics` at the end, this process's final metrics as JSON for the comparison (what
+#   callback_metrics, logged_metrics and progress_bar_metrics hold after fit, callback_metrics after the last call, the
+#   best checkpoint's and the log folder's paths, global_step, current_epoch, the sum of the weights).
 # ruff: noqa: I001  (upstream's import grouping kept as it is)
 """To run this template just do: python generative_adversarial_net.py --devices 1 --out DIR.
 
@@ -288,6 +290,10 @@ def write_metrics(out, trainer, model):
     """Writes this process's final metrics to OUT/rank{global_rank}.json (added for the comparison)."""
     record = {
         "fit_callback_metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
+        "fit_logged_metrics": {name: float(value) for name, value in trainer.logged_metrics.items()},
+        "fit_progress_bar_metrics": {name: float(value) for name, value in trainer.progress_bar_metrics.items()},
+        "best_model_path": os.path.relpath(trainer.checkpoint_callback.best_model_path),
+        "log_dir": os.path.relpath(trainer.log_dir),
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "weights_sum": float(sum(p.detach().double().sum() for p in model.parameters())),
