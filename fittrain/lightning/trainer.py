@@ -234,6 +234,16 @@ class Trainer(LightningAttributes, NativeTrainer):
         finally:
             config.automatic_checkpoint_naming = automatic
 
+    def _setup(self, *args: Any, **kwargs: Any) -> None:
+        """The native setup, then Lightning's stop after any batch that sets `should_stop` (once the
+        `min_*` limits are reached): the native loop checks it at epoch ends and after validations."""
+        super()._setup(*args, **kwargs)
+        native_end = self._ends_training
+        self._ends_training = lambda: native_end() or (self.state.should_stop and self._can_stop_early())
+
+    def _can_stop_early(self) -> bool:
+        return self.state.epoch >= (self.min_epochs or 0) and self.state.global_step >= (self.min_steps or 0)
+
     # ----------------------------------------------------------------- helpers
     def _start_stage(self, stage: str, model: Any, datamodule: Any) -> None:
         if not isinstance(model, LightningModule):

@@ -101,6 +101,28 @@ def test_min_epochs_holds_back_an_early_stop_as_lightning_does(tmp_path: pathlib
     assert records["fittrain"]["epochs"] == 3
 
 
+def test_should_stop_in_a_batch_ends_training_after_it(tmp_path: pathlib.Path) -> None:
+    def run(api: Any, root: pathlib.Path) -> dict[str, Any]:
+        def logs(module: Any, place: str, loss: Any) -> None:
+            if place == "train":
+                module.log("train_loss", loss)
+                if module.global_step == 7:  # in the second epoch's third batch
+                    module.trainer.should_stop = True
+            elif place == "val":
+                module.log("val_loss", loss)
+
+        module, callback = probe_module(api.pl, logs=logs), probe_callback(api.pl)
+        trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=5, callbacks=[callback], logger=False,
+                                                  enable_checkpointing=False))
+        trainer.fit(module, *loaders())
+        return {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "calls": dict(callback.calls),
+                "metrics": floats(trainer.callback_metrics)}
+
+    records = both(run, tmp_path)
+    assert_same(records)
+    assert records["fittrain"]["global_step"] == 8
+
+
 def test_manual_optimization_counts_each_optimizer_step(tmp_path: pathlib.Path) -> None:
     def run(api: Any, root: pathlib.Path) -> dict[str, Any]:
         class TwoSteps(api.pl.LightningModule):
