@@ -140,7 +140,8 @@ class DistributedSampling(NativeCallback):
         base = _sharded_base(trainer.train_loader)
         if base is not None:
             trainer.train_loader.set_epoch(trainer.state.epoch)  # reaches RankInterleavedBatches.set_epoch
-            self._draw(trainer, base)
+            if not trainer.train_loader.position.batches_consumed:  # a resumed epoch drew when it started
+                self._draw(trainer, base)
 
     def on_validation_start(self, trainer: Any) -> None:
         self._draw(trainer, _sharded_base(trainer.val_loader))

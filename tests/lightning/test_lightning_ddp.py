@@ -53,3 +53,12 @@ def test_ddp_on_two_processes_matches_lightning(tmp_path: pathlib.Path) -> None:
     assert ranks[0]["fit"]["val_loss"] != ranks[1]["fit"]["val_loss"]  # each process's own mean...
     assert ranks[0]["fit"]["val_loss_sync"] == ranks[1]["fit"]["val_loss_sync"]  # ...and, with sync_dist, one
     assert "csv_header" in ranks[0] and "csv_header" not in ranks[1]
+
+
+def test_a_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path: pathlib.Path) -> None:
+    program = pathlib.Path(__file__).parent / "programs" / "resume_program.py"
+    finished = jobs.run(jobs.fittrain_launch(2, program, tmp_path), timeout=TIMEOUT, cwd=tmp_path).check()
+    records = _records(tmp_path, finished)
+    for name, record in records.items():
+        assert record["resumed"] == record["full"], f"{name}: the resumed run differs from the uninterrupted one"
+    assert records["rank0.json"]["full"]["step"] == 18
