@@ -81,6 +81,10 @@ def lightning_callbacks(callbacks: Any, enable_checkpointing: bool, enable_progr
         if enabled and not present:
             ours.append(kind())
     checkpoints = [cb for cb in ours if isinstance(cb, ModelCheckpoint)]
+    if len(checkpoints) > 1:
+        raise ValueError(f"Trainer(callbacks=...) holds {len(checkpoints)} ModelCheckpoints; fittrain.lightning takes "
+                         "one (the checkpoints of a run share one folder and one ranking). Keep one ModelCheckpoint: "
+                         "it takes every_n_train_steps or every_n_epochs, monitor, save_top_k and save_last together.")
     others = [cb for cb in ours if not isinstance(cb, ModelCheckpoint)]
     return others + checkpoints, native
 

@@ -201,6 +201,8 @@ REFUSED = [
     ({"enable_checkpointing": False, "callbacks": [pl.callbacks.ModelCheckpoint()]}, ValueError,
      "enable_checkpointing=False"),
     ({"benchmark": "yes"}, ValueError, "benchmark"),
+    ({"callbacks": [pl.callbacks.ModelCheckpoint(), pl.callbacks.ModelCheckpoint(monitor="val_loss")]}, ValueError,
+     "2 ModelCheckpoints; fittrain.lightning takes one"),
     ({"inference_mode": 1}, ValueError, "inference_mode"),
 ]
 
