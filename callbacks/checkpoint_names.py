@@ -258,7 +258,7 @@ class SavePlan:
 
 
 def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTemplate | None,
-              last: NameTemplate | None, link: LastLink) -> SavePlan:
+              last: NameTemplate | None, link: LastLink, step: int | None = None) -> SavePlan:
     """Works out a save from the Trainer's `state` (on the main process); an error is returned, not raised,
     so that the caller can share it and every process raises alike.
 
@@ -268,9 +268,12 @@ def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTem
         lenient: A missing monitored metric ranks the save last (NaN) instead of refusing it.
         names, last: The filename's and the `last` link's templates, or None.
         link: The `last` link, which chooses its name.
+        step: What `{step}` is: the Trainer's own count when it keeps one (fittrain.lightning counts every
+            optimizer.step(), as Lightning does); by default the optimizer steps of `state`.
     """
-    metrics, when = state.metrics, f" at the save after optimizer step {state.global_step}"
-    values = {**metrics, "epoch": state.epoch, "step": state.global_step}
+    step = state.global_step if step is None else step
+    metrics, when = state.metrics, f" at the save after optimizer step {step}"
+    values = {**metrics, "epoch": state.epoch, "step": step}
     plan = SavePlan()
     try:
         if monitor is not None:

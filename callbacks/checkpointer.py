@@ -289,8 +289,10 @@ class Checkpointer(Callback):
         acc = trainer.accelerator
         mine = None
         if acc.is_main_process:
+            # fittrain.lightning's Trainer counts its global_step as Lightning does (every optimizer.step()
+            # in manual optimization); its names must say that count.
             mine = plan_save(trainer.state, self._monitor, bool(self._ranking.entries) or lenient, *self._names,
-                             self._link)
+                             self._link, getattr(trainer, "global_step", None))
         plan = SavePlan(*acc.broadcast(mine and dataclasses.astuple(mine)))
         if plan.error is not None:
             raise ValueError(plan.error)

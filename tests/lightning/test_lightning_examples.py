@@ -169,12 +169,7 @@ def test_differences_names_every_mismatch() -> None:
 
 #: Cases that differ from Lightning for a feature fittrain.lightning lacks, each with what is missing (strict:
 #: the mark fails once it is fixed, so that it is removed).
-MISSING = {
-    "generative_adversarial_net": "the default ModelCheckpoint fills {step} in 'epoch=1-step=40.ckpt' from the native "
-    "step count (one per batch: step=20), not from trainer.global_step, which counts every optimizer.step() in manual "
-    "optimization as Lightning's does (callbacks/checkpoint_names.py plan_save; Lightning: ModelCheckpoint."
-    "_monitor_candidates)",
-}
+MISSING: dict[str, str] = {}  # program -> the missing feature that makes its cases xfail (strict)
 
 
 def _cases() -> list:
