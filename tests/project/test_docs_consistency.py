@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import configparser
 import pathlib
 import re
 
@@ -168,3 +169,15 @@ def test_design_md_draws_the_layers_of_the_import_contract() -> None:
         positions.append(hits[0])
     assert positions == sorted(positions), (
         f"docs/design.md draws the layers in another order than pyproject.toml's contract: {contract['layers']}")
+
+
+def test_setup_cfg_ships_every_package() -> None:
+    """setup.cfg lists its packages by hand: a subpackage missing there is left out of a regular install
+    (an editable one still finds it, so nothing else would notice)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    listed = set(config["options"]["packages"].split())
+    found = {"fittrain.callbacks" if p == ROOT / "callbacks" else ".".join(p.relative_to(ROOT).parts)
+             for p in [ROOT / "fittrain", *_subpackages()]}
+    assert listed == found, (f"setup.cfg's packages differ from the package folders: missing "
+                             f"{sorted(found - listed)}, extra {sorted(listed - found)}")
