@@ -1,4 +1,4 @@
-"""A small Lightning program for 2 processes, run by tests/lightning/test_lightning_ddp.py with Lightning
+"""A small Lightning program for 2 processes, run by tests/lightning/test_lightning_namespace_ddp.py with Lightning
 (`python ddp_program.py lightning OUT`: its Trainer(devices=2) starts the second process) and with
 fittrain.lightning (`fittrain launch --num_processes 2 ddp_program.py fittrain OUT`). Each process writes
 what a program can observe to OUT/rank{global_rank}.json: metrics logged with and without sync_dist,

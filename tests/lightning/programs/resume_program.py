@@ -1,6 +1,6 @@
 """A fittrain.lightning program that trains 3 epochs uninterrupted, then again interrupted after a
 mid-epoch checkpoint and resumed from it with `fit(ckpt_path=...)` in a new Trainer, and writes both
-ends to OUT/rank{r}.json (run by tests/lightning/test_lightning_ddp.py on 2 processes)."""
+ends to OUT/rank{r}.json (run by tests/lightning/test_lightning_namespace_ddp.py on 2 processes)."""
 
 import json
 import os
