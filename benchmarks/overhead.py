@@ -69,10 +69,13 @@ import torch
 from benchmarks import loaders
 from benchmarks.overhead_loops import (
     run_accelerator,
+    run_fittrain_lightning,
+    run_fittrain_lightning_self_log,
     run_hand,
     run_hf_accelerate,
     run_ignite,
     run_lightning,
+    run_lightning_self_log,
     run_trainer,
     run_trainer_default_bar,
     run_trainer_logger,
@@ -132,6 +135,10 @@ CONTENDERS = (
               needs=("fittrain.callbacks:Logger", "fittrain.callbacks:Checkpointer")),
     Contender("HF Accelerate loop", run_hf_accelerate, needs=("accelerate",)),
     Contender("Lightning Trainer", run_lightning, needs=("lightning|pytorch_lightning",)),
+    Contender("fittrain.lightning Trainer (the same program)", run_fittrain_lightning, target={"prebuilt": 1.05}),
+    Contender("Lightning Trainer, self.log x3", run_lightning_self_log, needs=("lightning|pytorch_lightning",)),
+    Contender("fittrain.lightning Trainer, self.log x3", run_fittrain_lightning_self_log,
+              target={"prebuilt": 1.10}),
     Contender("Ignite supervised trainer", run_ignite, needs=("ignite",)),
 )
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch.nn import functional as F
 
+import fittrain.lightning as fittrain_lightning
 from benchmarks.workload import (
     CHECKPOINT_EVERY,
     LOGGER_EVERY,
@@ -159,20 +160,22 @@ def run_hf_accelerate(work: Workload, mode: str) -> RunResult:
     return result(clock, start, work)
 
 
-def run_lightning(work: Workload, mode: str) -> RunResult:
-    """Lightning's Trainer with logger, checkpointing, progress bar and summary off."""
-    try:
-        import lightning as L
-    except ImportError:
-        import pytorch_lightning as L  # type: ignore[no-redef]
+def _fit_lightning_style(work: Workload, mode: str, pl: Any, log: bool) -> RunResult:
+    """One fit by a Lightning program through the namespace `pl` (lightning.pytorch or fittrain.lightning:
+    the same code, the import changed), with logger, checkpointing, progress bar and summary off; with
+    `log`, the module logs 3 metrics a step (`on_step=True, on_epoch=True, prog_bar=True`)."""
 
-    class LitMLP(L.LightningModule):
+    class LitMLP(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.inner = work.model()
 
         def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-            return self.inner.training_step(batch)
+            loss = self.inner.training_step(batch)
+            if log:
+                for name in ("loss_a", "loss_b", "loss_c"):
+                    self.log(name, loss, on_step=True, on_epoch=True, prog_bar=True)
+            return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return self.inner.configure_optimizers()
@@ -180,13 +183,47 @@ def run_lightning(work: Workload, mode: str) -> RunResult:
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)  # its banners would interleave with the table
     clock = work.clock()
-    trainer = L.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    loader = work.source(mode, clock)
-    module = LitMLP()
-    start = work.now()
-    trainer.fit(module, loader)
-    return result(clock, start, work)
+    project = tempfile.mkdtemp(prefix="fittrain-bench-")
+    try:
+        trainer = pl.Trainer(max_steps=work.steps, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=project)
+        loader = work.source(mode, clock)
+        module = LitMLP()
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):  # start and end lines
+            start = work.now()
+            trainer.fit(module, loader)
+            return result(clock, start, work)
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def _lightning() -> Any:
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl  # type: ignore[no-redef]
+    return pl
+
+
+def run_lightning(work: Workload, mode: str) -> RunResult:
+    """Lightning's Trainer with logger, checkpointing, progress bar and summary off."""
+    return _fit_lightning_style(work, mode, _lightning(), log=False)
+
+
+def run_lightning_self_log(work: Workload, mode: str) -> RunResult:
+    """Lightning's Trainer as above, the module logging 3 metrics a step (step and epoch, prog_bar)."""
+    return _fit_lightning_style(work, mode, _lightning(), log=True)
+
+
+def run_fittrain_lightning(work: Workload, mode: str) -> RunResult:
+    """The Lightning program of `run_lightning` with its import changed to fittrain.lightning."""
+    return _fit_lightning_style(work, mode, fittrain_lightning, log=False)
+
+
+def run_fittrain_lightning_self_log(work: Workload, mode: str) -> RunResult:
+    """The Lightning program of `run_lightning_self_log` with its import changed to fittrain.lightning."""
+    return _fit_lightning_style(work, mode, fittrain_lightning, log=True)
 
 
 def run_ignite(work: Workload, mode: str) -> RunResult:
