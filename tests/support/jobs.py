@@ -74,6 +74,8 @@ class Finished:
 #: tests use): between `free_port` and the launcher's bind, no other worker's job, nor any
 #: connection, is handed that port. Eight bands (tests/conftest.py's MAX_WORKERS) end below 32768.
 _PORT_BAND_START, _PORT_BAND_SIZE = 25000, 900
+#: Seconds a job killed at its deadline has to print its stacks (SIGABRT) before SIGKILL.
+STACK_DUMP_WAIT = 3.0
 
 
 def free_port() -> int:
@@ -96,7 +98,10 @@ def job_env(**extra: str) -> dict[str, str]:
     """This process's environment, minus any launcher variables, with one thread per process,
     unbuffered output and the workers' collective timeout; plus `extra`."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
-    env.update(FITTRAIN_COLLECTIVE_TIMEOUT=WORKER_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # PYTHONFAULTHANDLER: a job killed at its deadline first gets SIGABRT, on which each Python process
+    # prints every thread's stack (Job._kill_all): the test's output then says where a hung job was.
+    env.update(FITTRAIN_COLLECTIVE_TIMEOUT=WORKER_COLLECTIVE_TIMEOUT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
 
@@ -253,7 +258,7 @@ class Job:
         try:
             output, _ = self.proc.communicate(timeout=left)
         except subprocess.TimeoutExpired:
-            self._kill_all()
+            self._kill_all(dump_stacks=True)
             output, _ = self.proc.communicate()
             return output, None
         self._kill_all()  # a launcher that failed may leave workers behind; usually nothing is left
@@ -285,13 +290,19 @@ class Job:
                         f"{self.finished.output[-6000:]}")
         return self.finished
 
-    def _kill_all(self) -> None:
-        """SIGKILLs the job's process group and every process that carries its mark."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        for pid in _marked_processes(self.mark):
+    def _kill_all(self, dump_stacks: bool = False) -> None:
+        """SIGKILLs the job's process group and every process that carries its mark. With `dump_stacks`
+        (a job still running at its deadline, or beside one that was), SIGABRT first: each Python
+        process prints every thread's stack (PYTHONFAULTHANDLER, see job_env) into the output."""
+        signals = (signal.SIGABRT, signal.SIGKILL) if dump_stacks else (signal.SIGKILL,)
+        for sig in signals:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, sig)
+            for pid in _marked_processes(self.mark):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            if sig == signal.SIGABRT:
+                time.sleep(STACK_DUMP_WAIT)
 
     def kill_group(self) -> None:
         """Ends the job with every process it started, keeps what it printed (`output`), and
@@ -304,7 +315,7 @@ class Job:
             output = self.proc.output()
             self.proc.close()
         else:
-            self._kill_all()
+            self._kill_all(dump_stacks=self.running())
             output = ""
             with contextlib.suppress(subprocess.TimeoutExpired):
                 output, _ = self.proc.communicate(timeout=30)  # reap it and close its pipe
