@@ -150,8 +150,16 @@ def _mlflow(api: Any, root: pathlib.Path) -> dict[str, Any]:
 
 def test_mlflow_logger_writes_lightnings_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")
+    import mlflow
+
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store in tmp_path: no server, no network
-    records = both(_mlflow, tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # put back after the test
+    try:
+        records = both(_mlflow, tmp_path)
+    finally:
+        # Lightning's MLFlowLogger sets mlflow's process-wide tracking URI (and $MLFLOW_TRACKING_URI): later
+        # tests in this process would log into this test's folder (fittrain's logger sets neither).
+        mlflow.set_tracking_uri(None)
     for record in records.values():  # mlruns/{experiment id}/{run id}/checkpoints/...: the ids differ by run
         record["checkpoints"] = [name.split("/", 3)[-1] for name in record["checkpoints"]]
     assert_same(records)
