@@ -30,20 +30,19 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import pathlib
 import re
 import sys
 
 import pytest
 
+from lightning_programs import differences  # the same comparison (and tolerance) as the other Lightning tests
 from support import jobs
 
 pytestmark = pytest.mark.subprocess
 
 EXAMPLES = pathlib.Path(__file__).parent / "examples"
 PROGRAMS = ("autoencoder", "backbone_image_classifier", "generative_adversarial_net", "bug_report_model")
-REL_TOL, ABS_TOL = 1e-5, 1e-6
 #: Each job imports torch and Lightning (or fittrain) and trains a few seconds; generous on a shared machine.
 TIMEOUT = 180.0
 
@@ -120,29 +119,6 @@ def _records(finished: jobs.Finished, workdir: pathlib.Path, nproc: int) -> dict
     expected = [f"rank{r}.json" for r in range(nproc)]
     assert found == expected, f"ranks wrote {found}, expected {expected}:\n{finished.output[-4000:]}"
     return {name: json.loads((workdir / name).read_text()) for name in found}
-
-
-def differences(lightning: object, fittrain: object, where: str = "") -> list[str]:
-    """Every place where the fittrain record differs from Lightning's: names, types, lengths, integers
-    exactly, floats within the stated tolerance."""
-    if isinstance(lightning, dict) and isinstance(fittrain, dict):
-        found = []
-        for key in sorted(set(lightning) | set(fittrain)):
-            if key not in fittrain:
-                found.append(f"{where}.{key}: missing on fittrain (Lightning: {lightning[key]!r})")
-            elif key not in lightning:
-                found.append(f"{where}.{key}: only on fittrain ({fittrain[key]!r})")
-            else:
-                found += differences(lightning[key], fittrain[key], f"{where}.{key}")
-        return found
-    if isinstance(lightning, list) and isinstance(fittrain, list) and len(lightning) == len(fittrain):
-        return [d for i, (a, b) in enumerate(zip(lightning, fittrain)) for d in differences(a, b, f"{where}[{i}]")]
-    if isinstance(lightning, float) and isinstance(fittrain, (float, int)) and not isinstance(fittrain, bool):
-        close = math.isclose(lightning, fittrain, rel_tol=REL_TOL, abs_tol=ABS_TOL)
-        return [] if close else [f"{where}: Lightning {lightning!r}, fittrain {fittrain!r}"]
-    if type(lightning) is not type(fittrain) or lightning != fittrain:
-        return [f"{where}: Lightning {lightning!r}, fittrain {fittrain!r}"]
-    return []
 
 
 def test_port_changes_the_import_lines_only() -> None:
