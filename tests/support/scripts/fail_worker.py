@@ -9,7 +9,9 @@ stall_kwargs: the same, with the timeout (3 s) from Accelerate's InitProcessGrou
 uneven: each rank passes a dataset of another length, to `prepare` and then (as a list of
     batches) to `Trainer.fit`. Both must fail at once on every rank, naming both lengths, instead
     of hanging in the first collective the shorter rank never reaches; the worker prints each
-    error and exits 8, and (every mode) which gloo threads are left when the interpreter finalizes.
+    error and exits 0, and (every mode) which gloo threads are left when the interpreter finalizes.
+    Exiting 0 matters: torchrun SIGTERMs the other rank as soon as one fails, which would cut
+    that rank's finalization (and its report) short.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from fittrain import Accelerator, Trainer, TrainModule
 from fittrain.utils import InitProcessGroupKwargs
 
 STALL_EXIT_CODE = 7
-UNEVEN_EXIT_CODE = 8
 
 
 class _Regressor(TrainModule):
@@ -65,7 +66,9 @@ def uneven(accelerator: Accelerator) -> int:
             attempt()
         except ValueError as error:
             print(f"rank {accelerator.process_index} {name}: {error}", flush=True)
-    return UNEVEN_EXIT_CODE
+        else:
+            print(f"rank {accelerator.process_index} {name}: no error", flush=True)
+    return 0
 
 
 def main(mode: str) -> int:
