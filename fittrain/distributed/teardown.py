@@ -8,9 +8,18 @@ ends the worker thread as it asks for the GIL; the thread unwinds through a C++ 
 process dies with "terminate called without an active exception" (SIGABRT) after all its work is
 done, so torchrun reports the run as failed. Plain torch scripts do the same now and then.
 
-The cure is to destroy the process group before finalization: its destructor lets the GIL go and
-joins the worker threads. fittrain registers `leave_process_group` with `atexit` when it creates the
-group (atexit handlers run before finalization), and `Accelerator.end_training` does it at once.
+The cure is to destroy the process group before finalization: its destructor joins the worker
+threads. fittrain registers `leave_process_group` with `atexit` when it creates the group (atexit
+handlers run before finalization), and `Accelerator.end_training` does it at once.
+
+Where the destructor runs matters as much. It waits for the worker threads, and a worker that is
+dropping its last collective's tensors waits for the GIL (while holding the lock the destructor
+needs). torch releases the GIL when the group's last *Python* reference goes, but not when the last
+reference is a DDP `Reducer` collected by `gc`, nor torch's native registry: a destructor reached
+that way deadlocks (seen: rank 0 of a finished 4-process job hung in `gc.collect()` here, forever).
+So `leave_process_group` collects garbage (a Trainer's DDP model, typically) *before* destroying the
+group, while the registry still holds it, and keeps Python references to every group across the
+destroy, so that dropping them last runs the destructor without the GIL.
 
 The destructor runs only when nothing holds the group any more. torch._dynamo, when it is first
 imported while a group exists (DDP's constructor imports it), keeps references to that group out of
@@ -36,11 +45,24 @@ def exiting_on_error() -> bool:
 
 
 def leave_process_group() -> None:
-    """Destroys every process group, then collects garbage so none lingers into finalization.
+    """Destroys every process group, and collects garbage so none lingers into finalization.
 
     Safe to call when no group exists. A group that something still references (a DDP model the
-    script keeps) lives on, but with its collectives finished and released by now.
+    script keeps) lives on, but with its collectives finished and released by now. The order of
+    the steps is what keeps the group's destructor off the GIL (see the module docstring).
     """
+    gc.collect()  # a garbage DDP Reducer must drop its group while the registry still holds it
     if dist.is_available() and dist.is_initialized():
+        groups = _every_group()
         dist.destroy_process_group()
+        del groups  # the last references, if nothing else holds them: dropped where torch lets the GIL go
     gc.collect()
+
+
+def _every_group() -> list[dist.ProcessGroup]:
+    """Every process group torch has registered, the default one included."""
+    # torch keeps the registry private; without it (another torch), the default group is the one
+    # fittrain itself creates, and the others are released however torch releases them.
+    world = getattr(dist.distributed_c10d, "_world", None)
+    registered = list(getattr(world, "pg_map", {}))
+    return registered or [dist.group.WORLD]
