@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--project-dir", default=None,
                         help="default: outputs/quickstart, and outputs/quickstart_smoke with --smoke")
-    parser.add_argument("--resume", default=None, help="a checkpoint folder, a run folder, or 'latest'")
+    parser.add_argument("--resume", default=None, help="a checkpoint folder, a run folder, 'latest', or 'auto'")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a quick test")
     args = parser.parse_args()
     if args.smoke:

@@ -377,9 +377,11 @@ class Accelerator(ProcessMethods, CompatMethods):
         into one folder, atomically; returns it. See `Checkpointing.save_state`."""
         return self.checkpointing.save_state(output_dir, async_save, safe_serialization, **kwargs)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True, **kwargs: Any) -> str:
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True,
+                   **kwargs: Any) -> str | None:
         """Restores everything `save_state` saved (the newest intact checkpoint with `input_dir=None`
-        and automatic naming), or changes nothing; returns the folder. See `Checkpointing.load_state`."""
+        and automatic naming; with "auto", that if anything was saved), or changes nothing; returns
+        the folder (None for "auto" with nothing saved). See `Checkpointing.load_state`."""
         return self.checkpointing.load_state(input_dir, strict, **kwargs)
 
     def wait_for_checkpoint(self) -> None:

@@ -30,6 +30,7 @@ from fittrain.checkpoint.model_io import load_model_weights, save_model_weights
 from fittrain.checkpoint.naming import ProjectConfiguration, reserve_target
 from fittrain.checkpoint.reader import CheckpointReader
 from fittrain.checkpoint.restore import apply_state, read_state, undo_new_optimizer_state
+from fittrain.checkpoint.run_folders import holds_checkpoints
 from fittrain.checkpoint.sharded import METADATA_PATH, VALUES_NAME, ShardCheck, read_index, read_shards
 from fittrain.checkpoint.snapshot import StateParts, capture_state, write_checkpoint
 from fittrain.distributed import collectives
@@ -325,22 +326,26 @@ class Checkpointing:
         if self.background is not None:
             self.background.close()
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True, **kwargs: Any) -> str:
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True,
+                   **kwargs: Any) -> str | None:
         """Restores everything `save_state` saved. Data loaders get their position back but are not
         moved: pass the resumed step count to `skip_first_batches` to continue mid-epoch.
 
         With `input_dir=None` and automatic naming, loads the newest intact checkpoint: one found
         damaged (by its checksums, or when a file is refused as it is read) is passed over with a
-        warning, and the next older one is loaded.
+        warning, and the next older one is loaded. `input_dir="auto"` does the same where a
+        checkpoint was saved, and where none was, loads nothing, says so in one line and returns
+        None: one script serves a job's first launch and its requeues.
 
         Raises:
-            FileNotFoundError: when the folder does not exist (or no checkpoint is left to load).
+            FileNotFoundError: when the folder does not exist (or no checkpoint is left to load;
+                with "auto", when checkpoints were saved but none is intact).
             CheckpointError: when a file is missing, truncated, corrupt or not a plain-tensor file,
                 or (`CheckpointMismatchError`) the checkpoint does not fit this run: other models or
                 optimizers, another mixed_precision or number of processes. Nothing is changed.
 
         Returns:
-            The folder loaded.
+            The folder loaded (None for "auto" with nothing saved).
         """
         _refuse_options("load_state", kwargs)
         check_folder(input_dir, "load_state", "input_dir")
@@ -350,12 +355,27 @@ class Checkpointing:
                              "read them with fittrain.checkpoint.load_model_weights(folder) and call "
                              "model.load_state_dict(weights, strict=False).")
         self.wait_for_checkpoint()
-        if input_dir is not None:
+        auto = input_dir is not None and os.fspath(input_dir) == "auto"
+        if input_dir is not None and not auto:
             return self._load_folder(pathlib.Path(input_dir))
         if not self.project_configuration.automatic_checkpoint_naming:
-            raise ValueError("load_state() needs `input_dir`, or a ProjectConfiguration with "
-                             "automatic_checkpoint_naming=True. Received: input_dir=None.")
-        return load_newest(self.project_configuration.checkpoints_dir, warnings.warn, self._load_folder)
+            raise ValueError(f"load_state({'' if input_dir is None else repr('auto')}) needs a ProjectConfiguration "
+                             f"with automatic_checkpoint_naming=True, which says where checkpoints go. Received: "
+                             f"input_dir={input_dir!r}. Pass one to Accelerator(project_config=...), or pass the "
+                             "checkpoint folder to load.")
+        root = self.project_configuration.checkpoints_dir
+        if auto and not holds_checkpoints(root):
+            self.state.print(f"load_state('auto'): nothing saved under {str(root)!r} yet, so nothing was loaded.")
+            return None
+        try:
+            return load_newest(root, warnings.warn, self._load_folder)
+        except FileNotFoundError as missing:
+            if not auto:
+                raise
+            raise FileNotFoundError(
+                f"load_state('auto') found checkpoints under {str(root)!r}, but none that loads, so it does not start "
+                f"afresh over them. Received: input_dir='auto'. Detail: {missing} Pass a checkpoint folder to load "
+                "one, or move the folder away to start afresh.") from None
 
     def _load_folder(self, source: pathlib.Path) -> str:
         """Reads and checks every file of `source`, then applies them; returns the folder loaded."""

@@ -6,6 +6,8 @@ name given (`Trainer(run_name=...)` or `Logger(run_name=...)`), whose folder mus
 checkpoint: a fresh fit never writes into, prunes or ranks another run's folder. A resumed fit
 continues the run that holds its checkpoint, numbering and pruning in that folder; a checkpoint
 from elsewhere (another project, a plain `save_state` folder) starts a new run from its state.
+`resume_from="auto"` is "latest" where something was saved, and a fresh run where nothing was:
+the same command serves a job's first launch and its requeues.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fittrain.checkpoint.fastio import MANIFEST_NAME
 from fittrain.checkpoint.latest import latest_checkpoint, latest_run_checkpoint, load_newest
 from fittrain.checkpoint.naming import CHECKPOINTS_DIR
-from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints, read_saves, saved_by
+from fittrain.checkpoint.run_folders import RUN_FILE, holds_checkpoints, read_saves, run_folders, saved_by
 from fittrain.common.reprs import short_repr
 from fittrain.trackers.runs import new_run_name
 from fittrain.trainer.events import Callback, RunRequest
@@ -28,6 +30,9 @@ from fittrain.trainer.parts import warn_once
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
+
+#: `resume_from`'s value for "resume if something was saved, else start afresh".
+AUTO = "auto"
 
 
 @dataclasses.dataclass
@@ -40,12 +45,14 @@ class RunPlan:
         newest: Load the newest loadable checkpoint of `checkpoint`'s folder instead (for "latest"
             and a run folder given): a damaged one is passed over for the next older.
         continues: The checkpoint belongs to this run: its numbering and ranking go on.
+        fresh_note: For `resume_from="auto"` with nothing saved: the line that says the fit starts afresh.
     """
 
     name: str
     checkpoint: pathlib.Path | None = None
     newest: bool = False
     continues: bool = False
+    fresh_note: str | None = None
 
 
 def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], None]) -> RunPlan:
@@ -74,12 +81,17 @@ def start_run(trainer: "Trainer", run_name: str | None, warn: Callable[[str], No
 
 
 def load_resumed(trainer: "Trainer", plan: RunPlan) -> None:
-    """Loads the checkpoint `plan` resumes from into the prepared Trainer, and says so in one line.
+    """Loads the checkpoint `plan` resumes from into the prepared Trainer, and says so in one line;
+    with none, says so too where `resume_from="auto"` found nothing to resume.
 
     With `plan.newest`, the newest checkpoint of the run that loads: one whose files are refused only
     when parsed (a planted pickle, garbled contents) is passed over like one that fails its checksums.
     """
     acc, state = trainer.accelerator, trainer.state
+    if plan.checkpoint is None:
+        if plan.fresh_note is not None:
+            acc.print(plan.fresh_note)
+        return
     if plan.newest:
         loaded = load_newest(plan.checkpoint.parent, lambda msg: warn_once(trainer, msg), acc.load_state)
     else:
@@ -140,7 +152,7 @@ def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path
     """Decides the run's name and the checkpoint it resumes from.
 
     Args:
-        resume_from: The Trainer's argument: None, "latest", a checkpoint folder or a run folder.
+        resume_from: The Trainer's argument: None, "latest", "auto", a checkpoint folder or a run folder.
         given: (name, source) from `given_run_name`.
         root: `{project_dir}/checkpoints`, which holds the run folders.
         project_dir: The Trainer's, against which a relative `resume_from` is also looked up.
@@ -150,7 +162,8 @@ def plan_run(resume_from: Any, given: tuple[str | None, str], root: pathlib.Path
             is its newest save, and a checkpoint there continues the run that saved it (its saves.json).
 
     Raises:
-        FileNotFoundError: for a missing `resume_from` folder, or "latest" without a checkpoint.
+        FileNotFoundError: for a missing `resume_from` folder, "latest" without a checkpoint, or "auto"
+            where checkpoints were saved but none is intact.
         ValueError: for a fresh run whose given name's folder holds checkpoints already.
     """
     name, source = given
@@ -232,6 +245,8 @@ def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, nam
                      warn: Callable[[str], None], folder: pathlib.Path | None) -> RunPlan:
     if resume_from is None:
         return RunPlan(name="")
+    if str(resume_from) == AUTO:
+        return _auto_checkpoint(root, project_dir, name, warn, folder)
     if str(resume_from) == "latest" and folder is not None:  # a Checkpointer's dirpath: its newest save
         return RunPlan(name="", checkpoint=latest_checkpoint(folder, warn), newest=True)
     if str(resume_from) == "latest":
@@ -250,6 +265,28 @@ def _find_checkpoint(resume_from: Any, root: pathlib.Path, project_dir: str, nam
         f"`resume_from` names a folder that does not exist. Received: resume_from={received}. Pass an existing "
         "checkpoint folder such as 'checkpoints/run_a/checkpoint_3', a run folder such as 'checkpoints/run_a' (its "
         "newest checkpoint), or 'latest'.")
+
+
+def _auto_checkpoint(root: pathlib.Path, project_dir: str, name: str | None, warn: Callable[[str], None],
+                     folder: pathlib.Path | None) -> RunPlan:
+    """`resume_from="auto"`: "latest" where the run (or the project) saved a checkpoint, else a fresh start.
+
+    Raises:
+        FileNotFoundError: when checkpoints were saved but none is intact: starting afresh would
+            silently throw that training away.
+    """
+    searched = folder if folder is not None else root / name if name else root
+    try:
+        return _find_checkpoint("latest", root, project_dir, name, warn, folder)
+    except FileNotFoundError as missing:
+        saved = holds_checkpoints(searched) or (searched == root and any(map(holds_checkpoints, run_folders(root))))
+        if saved:
+            raise FileNotFoundError(
+                f"resume_from='auto' found checkpoints under {str(searched)!r}, but none that can be resumed, so "
+                f"it does not start afresh over them. Received: resume_from='auto'. Detail: {missing} Pass "
+                "resume_from=<a checkpoint folder> to choose one, or move the folder away to start afresh.") from None
+    return RunPlan(name="", fresh_note=f"resume_from='auto': nothing saved under {str(searched)!r} yet, so this fit "
+                                       "starts a new run.")
 
 
 def _is_run_folder(folder: pathlib.Path) -> bool:

@@ -68,8 +68,10 @@ class Trainer:
             `checkpoints/{run_name}/checkpoint_{i}` and logging into `logs/{run_name}/`.
         resume_from: A checkpoint folder; a run folder (`checkpoints/{run_name}`: its newest intact
             checkpoint); or "latest": the newest intact checkpoint of the most recently started run
-            that holds one (of `run_name`'s run, when a name is given). The resumed run goes on in
-            its own folder, numbering on; a checkpoint from elsewhere starts a new run from its state.
+            that holds one (of `run_name`'s run, when a name is given); or "auto": "latest" where a
+            checkpoint was saved, else a fresh start (one command for a job's first launch and its
+            requeues). The resumed run goes on in its own folder, numbering on; a checkpoint from
+            elsewhere starts a new run from its state.
         val_every_n_epochs: Validate at the end of every n-th epoch (when a val_loader is given).
             None means 1, unless `val_every_n_steps` is given; with it, the epochs it counts steps in.
         strategy: "auto", "ddp" or "fsdp".
@@ -462,8 +464,7 @@ class Trainer:
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule))
-        if resume.checkpoint is not None:
-            load_resumed(self, resume)
+        load_resumed(self, resume)
         self.loops.plan_fit(self.train_loader, self.val_loader, resume.checkpoint is None, self.lengths,
                             acc.gradient_accumulation_steps)
         self._ends_training = self._steps_done if self.timer is None else self._steps_or_time_done

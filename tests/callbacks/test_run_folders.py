@@ -236,3 +236,46 @@ def test_a_damaged_run_file_ranks_its_run_last_and_never_raises(tmp_path):
     assert [read_start(root / name) for name in ("nested", "huge", "garbled", "wrong", "first", "second")] == [
         -1, -1, -1, -1, 0, 1]
     assert [p.name for p in run_folders(root)][:2] == ["second", "first"]
+
+
+def test_auto_starts_fresh_then_resumes_like_latest(make_module, make_loader, tmp_path, capsys):
+    """resume_from="auto": one command for a job's first launch (nothing saved: a new run, said in one
+    line) and its requeue (the newest checkpoint, as "latest"), ending equal to an uninterrupted run."""
+    whole, whole_module = _fit(make_module, make_loader, tmp_path / "whole", Checkpointer(every_n_steps=2))
+    first, _ = _fit(make_module, make_loader, tmp_path / "job", Checkpointer(every_n_steps=2), max_steps=4,
+                    resume_from="auto")
+    assert first.state.global_step == 4
+    out = capsys.readouterr().out
+    assert f"resume_from='auto': nothing saved under {str(tmp_path / 'job' / 'checkpoints')!r} yet" in out, out
+    assert "Resumed from" not in out
+
+    requeued, requeued_module = _fit(make_module, make_loader, tmp_path / "job", Checkpointer(every_n_steps=2),
+                                     resume_from="auto")
+    job_dir = tmp_path / "job" / "checkpoints" / first.run_name
+    assert f"Resumed from {job_dir / 'checkpoint_1'}" in capsys.readouterr().out
+    assert requeued.run_name == first.run_name
+    assert _names(job_dir) == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert requeued.state.global_step == whole.state.global_step == 8
+    _assert_bitwise_equal(requeued_module, whole_module)
+
+
+def test_auto_starts_fresh_over_a_run_that_saved_nothing(make_module, make_loader, tmp_path, capsys):
+    """A first launch that died before its first save leaves a run folder without checkpoints: "auto"
+    starts afresh there, where "latest" has nothing to resume."""
+    _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=100), max_steps=2)  # saves nothing
+    assert len(run_folders(tmp_path / "checkpoints")) == 1
+    with pytest.raises(FileNotFoundError, match="holds a complete checkpoint"):
+        _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=100), resume_from="latest")
+    fresh, _ = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=100), max_steps=2,
+                    resume_from="auto")
+    assert fresh.state.global_step == 2 and "nothing saved under" in capsys.readouterr().out
+
+
+def test_auto_refuses_to_start_afresh_over_damaged_checkpoints(make_module, make_loader, tmp_path):
+    first, _ = _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2, total_limit=1), max_steps=2)
+    (saved,) = list_checkpoints(tmp_path / "checkpoints" / first.run_name)
+    weights = saved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])  # truncated: fails its manifest size
+    with pytest.warns(UserWarning, match="damaged"), \
+            pytest.raises(FileNotFoundError, match="resume_from='auto' found checkpoints under .* none that can be"):
+        _fit(make_module, make_loader, tmp_path, Checkpointer(every_n_steps=2), resume_from="auto")
