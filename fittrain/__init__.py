@@ -22,6 +22,7 @@ from fittrain.accelerator.partial_state import PartialState
 from fittrain.accelerator.seeding import seed_everything
 from fittrain.checkpoint import CheckpointError, ProjectConfiguration
 from fittrain.common.version import package_version
+from fittrain.distributed.layout import ParallelismConfig
 from fittrain.distributed.process_state import DistributedType
 from fittrain.launchers import debug_launcher, notebook_launcher
 from fittrain.trainer.datamodule import DataModule
@@ -32,9 +33,9 @@ from fittrain.trainer.trainer import Trainer, TrainState
 __all__ = [
     "Accelerator", "AutocastKwargs", "Callback", "CheckpointError", "DDPCommunicationHookType", "DataModule",
     "DataLoaderConfiguration", "DistributedDataParallelKwargs", "DistributedType", "Event", "GradScalerKwargs",
-    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PartialState", "ProfileKwargs", "TorchDynamoPlugin",
-    "ProjectConfiguration", "TrainModule", "TrainState", "Trainer", "debug_launcher", "find_executable_batch_size",
-    "notebook_launcher", "seed_everything", "skip_first_batches",
+    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "ParallelismConfig", "PartialState", "ProfileKwargs",
+    "TorchDynamoPlugin", "ProjectConfiguration", "TrainModule", "TrainState", "Trainer", "debug_launcher",
+    "find_executable_batch_size", "notebook_launcher", "seed_everything", "skip_first_batches",
 ]
 
 

@@ -46,6 +46,7 @@ from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_positive_int
 from fittrain.data import PositionedSource, SkippedDataLoader
 from fittrain.distributed.gradient_state import GradientState
+from fittrain.distributed.layout import ParallelismConfig, check_layout_type
 from fittrain.distributed.parallel import resolve_strategy
 from fittrain.distributed.process_methods import ProcessMethods
 from fittrain.distributed.process_state import DistributedType, ProcessState
@@ -97,6 +98,9 @@ class Accelerator(ProcessMethods, CompatMethods):
             (gathered, `model.safetensors`). None: "sharded" under `strategy="fsdp"` on several
             processes, else "full" (or Accelerate's FSDP_STATE_DICT_TYPE variable). `load_state`
             reads either kind, on any number of processes.
+        parallelism_config: Accelerate's `ParallelismConfig`: the processes' layout on a device mesh
+            (`dp_shard_size` for FSDP2, with `dp_replicate_size` for HSDP), which also picks the
+            strategy (`fittrain.distributed.layout`). Its sizes must multiply to the number of processes.
     """
 
     def __init__(self, mixed_precision: str | None = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
@@ -106,7 +110,7 @@ class Accelerator(ProcessMethods, CompatMethods):
                  fsdp_classes: Iterable[type] | None = None, dynamo_backend: str | None = None,
                  log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None,
                  kwargs_handlers: Any = None, rng_types: Any = None, dynamo_plugin: Any = None,
-                 state_dict_type: str | None = None) -> None:
+                 state_dict_type: str | None = None, parallelism_config: ParallelismConfig | None = None) -> None:
         # What `fittrain launch --mixed_precision ...` (or `accelerate launch`) exported fills the defaults.
         mixed_precision, gradient_accumulation_steps, cpu = launch_defaults(mixed_precision,
                                                                             gradient_accumulation_steps, cpu)
@@ -114,8 +118,12 @@ class Accelerator(ProcessMethods, CompatMethods):
         check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
         options = resolve_options(split_batches, even_batches, gradient_accumulation_steps, dataloader_config,
                                   gradient_accumulation_plugin, kwargs_handlers, rng_types)
-        #: The strategy's name: "auto", "ddp" or "fsdp" (the launcher's FITTRAIN_STRATEGY fills "auto").
+        #: The strategy's name: "auto", "ddp" or "fsdp" (the launcher's FITTRAIN_STRATEGY fills "auto", and a
+        #: parallelism_config's layout decides it).
         self.strategy = resolve_strategy(strategy)
+        layout = check_layout_type(parallelism_config)
+        if layout is not None and self.strategy == "auto":
+            self.strategy = layout.strategy
         self.project_configuration = _project_configuration(project_dir, project_config)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
@@ -135,8 +143,13 @@ class Accelerator(ProcessMethods, CompatMethods):
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = check_fsdp_classes(fsdp_classes)
+        if layout is not None:  # on every process, before anything is wrapped
+            layout.check(self.state.num_processes, resolve_strategy(strategy))
+        #: The processes' layout on a device mesh, or None (every process one data-parallel rank).
+        self.parallelism_config = layout
         #: Wraps, synchronises, clips and saves models; the only place that knows DDP from FSDP2.
-        self.distributed_strategy = make_strategy(self.strategy, self.state, self.fsdp_classes, self.ddp_handler)
+        self.distributed_strategy = make_strategy(self.strategy, self.state, self.fsdp_classes, self.ddp_handler,
+                                                  layout)
         # torch.compile's keyword options for models prepared from now on; None: no compile.
         backend = dynamo_default(dynamo_backend) if dynamo_plugin is None else dynamo_backend
         self.compile_options: dict[str, Any] | None = compile_settings(backend, check_dynamo_plugin(dynamo_plugin))

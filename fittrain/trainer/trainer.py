@@ -20,6 +20,7 @@ from torch import nn
 from fittrain.accelerator.accelerator import Accelerator
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_bool, check_positive_int
+from fittrain.distributed.layout import ParallelismConfig
 from fittrain.distributed.parallel import check_strategy
 from fittrain.distributed.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from fittrain.step.compile import check_compile, use_compile
@@ -75,6 +76,8 @@ class Trainer:
         val_every_n_epochs: Validate at the end of every n-th epoch (when a val_loader is given).
             None means 1, unless `val_every_n_steps` is given; with it, the epochs it counts steps in.
         strategy: "auto", "ddp" or "fsdp".
+        parallelism_config: A `ParallelismConfig` (Accelerate's): the processes' layout on a device
+            mesh, such as HSDP's (`dp_replicate_size` x `dp_shard_size`); it picks the strategy.
         accelerator: A pre-built Accelerator to use instead of building one.
         preemption_signals: Signals on which fit finishes the optimizer step, saves a checkpoint
             and exits with code 75 (`PREEMPTION_EXIT_CODE`); () disables this.
@@ -127,7 +130,8 @@ class Trainer:
                  limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
                  fast_dev_run: bool | int = False, overfit_batches: int | float = 0, num_sanity_val_steps: int = 0,
                  max_time: str | datetime.timedelta | dict[str, int] | None = None,
-                 deterministic: bool | str | None = None, enable_model_summary: bool = True) -> None:
+                 deterministic: bool | str | None = None, enable_model_summary: bool = True,
+                 parallelism_config: ParallelismConfig | None = None) -> None:
         self.limits = LoopLimits.resolve(
             {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
              "predict": limit_predict_batches}, overfit_batches, fast_dev_run, num_sanity_val_steps,
@@ -155,7 +159,11 @@ class Trainer:
         check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
-            accelerator = self._build_accelerator(gradient_accumulation_steps, strategy)
+            accelerator = self._build_accelerator(gradient_accumulation_steps, strategy, parallelism_config)
+        elif parallelism_config is not None:
+            raise ValueError("Trainer(parallelism_config=...) and Trainer(accelerator=...) both lay out the processes. "
+                             f"Received: parallelism_config={parallelism_config!r:.200}. Pass it to the Accelerator "
+                             "instead: Accelerator(parallelism_config=...).")
         use_compile(accelerator, compile_options)
         self.accelerator = accelerator
         self.state = TrainState()
@@ -197,10 +205,11 @@ class Trainer:
     num_test_batches = property(lambda self: self.loops.num_test_batches, doc="Batches of the last test.")
     num_predict_batches = property(lambda self: self.loops.num_predict_batches, doc="Batches of the last predict.")
 
-    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
+    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any,
+                           parallelism_config: ParallelismConfig | None) -> Accelerator:
         return Accelerator(
             gradient_accumulation_steps=check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps),
-            strategy=check_strategy(strategy),
+            strategy=check_strategy(strategy), parallelism_config=parallelism_config,
             project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
                                                 automatic_checkpoint_naming=True))
 

@@ -2,12 +2,13 @@
 
 An Accelerator owns one strategy, built from `strategy=` and the number of processes; no code
 outside `fittrain.distributed` asks which one runs (the project's rule: an object, not an `if`).
-Tensor parallelism and HSDP will be new strategies, not new branches.
+Tensor parallelism will be a new strategy, not new branches.
 
 Holds:
     base         `Strategy`: one process, no wrapper; every method the others override
     ddp          `DDPStrategy`: DistributedDataParallel ("auto" or "ddp" on several processes)
-    fsdp         `FSDP2Strategy`: fully_shard ("fsdp"; unsharded, with a warning, on one process)
+    fsdp         `FSDP2Strategy`: fully_shard ("fsdp"; unsharded, with a warning, on one process); over a
+                 2-D (replicate, shard) mesh, HSDP (a `ParallelismConfig`'s layout)
     parameters   parameters that wrapping replaced; optimizer states keyed by index or name
 
 Example:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fittrain.distributed.layout import ParallelismConfig
 from fittrain.distributed.process_state import ProcessState
 from fittrain.distributed.strategies.base import Strategy
 from fittrain.distributed.strategies.ddp import DDPStrategy
@@ -30,7 +32,7 @@ __all__ = ["DDPStrategy", "FSDP2Strategy", "Strategy", "make_strategy"]
 
 
 def make_strategy(name: str, state: ProcessState, fsdp_classes: tuple[type, ...] | None = None,
-                  ddp_kwargs: Any = None) -> Strategy:
+                  ddp_kwargs: Any = None, layout: ParallelismConfig | None = None) -> Strategy:
     """The strategy for a resolved name ("auto", "ddp" or "fsdp") on this run's processes.
 
     "fsdp" is an `FSDP2Strategy` on one process too, so that what it refuses (LocalSGD) is refused
@@ -41,9 +43,10 @@ def make_strategy(name: str, state: ProcessState, fsdp_classes: tuple[type, ...]
         state: This process's place in the run.
         fsdp_classes: For "fsdp": the module classes to shard.
         ddp_kwargs: For DDP: a `DistributedDataParallelKwargs`, or None.
+        layout: A checked `ParallelismConfig`, whose mesh FSDP2 shards over (HSDP when 2-D).
     """
     if name == "fsdp":
-        return FSDP2Strategy(state, fsdp_classes)
+        return FSDP2Strategy(state, fsdp_classes, layout.fsdp_mesh if layout is not None else None)
     if state.is_distributed:
         return DDPStrategy(state, ddp_kwargs)
     return Strategy(state)

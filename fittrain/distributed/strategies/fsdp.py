@@ -28,13 +28,17 @@ class FSDP2Strategy(Strategy):
         state: This process's place in the run.
         fsdp_classes: Module classes to shard; default: every module that holds parameters
             directly. The root is always sharded last.
+        mesh: The device mesh's (shape, dimension names): 1-D shards over every process; 2-D,
+            (replicate, shard), is HSDP (`fittrain.distributed.layout`). Default: 1-D.
     """
 
     shards_parameters = True
 
-    def __init__(self, state: ProcessState, fsdp_classes: tuple[type, ...] | None = None) -> None:
+    def __init__(self, state: ProcessState, fsdp_classes: tuple[type, ...] | None = None,
+                 mesh: tuple[tuple[int, ...], tuple[str, ...]] | None = None) -> None:
         super().__init__(state)
         self.fsdp_classes = fsdp_classes
+        self.mesh_shape, self.mesh_dim_names = mesh or ((state.num_processes,), ("dp_shard",))
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if not self.state.is_distributed:
@@ -46,7 +50,9 @@ class FSDP2Strategy(Strategy):
         from torch.distributed.device_mesh import init_device_mesh  # FSDP2's modules load only when sharding
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(self.state.device.type, (self.state.num_processes,))
+        # A 2-D (replicate, shard) mesh makes fully_shard shard within each replica group and average
+        # gradients across the groups: HSDP.
+        mesh = init_device_mesh(self.state.device.type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
         # fully_shard must see inner modules before outer ones, or an outer unit would claim the inner
         # parameters too; modules() lists parents before children, so walk it backwards.
         for child in reversed(list(model.modules())[1:]):

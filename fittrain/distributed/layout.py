@@ -1,0 +1,138 @@
+"""`ParallelismConfig`: how a run lays its processes out on a device mesh, in Accelerate's names.
+
+`Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))` and
+`Trainer(parallelism_config=...)` take it. The sizes multiply to the number of processes, and
+pick the strategy (`fittrain.distributed.strategies`), so nothing else needs naming:
+
+- `dp_shard_size > 1`: FSDP2 shards every parameter over `dp_shard_size` processes; with
+  `dp_replicate_size > 1` too, that is HSDP: FSDP2 over a (dp_replicate, dp_shard) mesh, each
+  replica group holding whole copies of the shards and averaging gradients with the others.
+- `dp_replicate_size > 1` alone: plain data parallelism (DDP). Accelerate refuses this layout and
+  points to DDP; fittrain simply runs DDP.
+- `tp_size > 1` (tensor parallelism) is not built yet, and `cp_size > 1` (context parallelism)
+  needs CUDA attention kernels: both are refused by name at `Accelerator(...)`.
+
+Every process is then a data-parallel process: loaders, exact resume and elastic resume work as
+under DDP and FSDP2, and checkpoints (full, or DCP's sharded ones, which reshard on load) load
+into any other layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fittrain.common.reprs import short_repr
+
+#: The mesh dimensions FSDP2 shards over, outermost first (Accelerate's and torchtitan's names).
+REPLICATE_DIM, SHARD_DIM = "dp_replicate", "dp_shard"
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+@dataclasses.dataclass
+class ParallelismConfig:
+    """A run's layout: data-parallel replication and sharding (and, reserved, tensor and context
+    parallelism). A size left at None is 1.
+
+    Args:
+        dp_replicate_size: Groups holding whole copies of the model (or of its shards, with sharding).
+        dp_shard_size: Processes that shard every parameter between them (FSDP2).
+        tp_size: Tensor-parallel processes; only 1 is supported yet.
+        cp_size: Context-parallel processes; only 1 is supported (it needs CUDA attention kernels).
+        tp_handler: Accelerate's `TorchTensorParallelConfig`; only None is accepted yet.
+        cp_handler: Accelerate's `TorchContextParallelConfig`; only None is accepted.
+
+    Raises:
+        ValueError: for a size that is not a positive integer (the others are checked against the
+            number of processes by the Accelerator, on every process).
+    """
+
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    tp_size: int | None = None
+    cp_size: int | None = None
+    tp_handler: Any = None
+    cp_handler: Any = None
+
+    def __post_init__(self) -> None:
+        for name in _SIZES:
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, 1)
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ParallelismConfig({name}=...) must be a positive integer (or None for 1). "
+                                 f"Received: {name}={short_repr(value)}.")
+
+    @property
+    def total_size(self) -> int:
+        """The number of processes the layout needs: the product of the sizes."""
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that each see their own batches: replication times sharding."""
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def strategy(self) -> str:
+        """The strategy name this layout runs: "fsdp" (FSDP2 or HSDP), "ddp", or "auto" (one process)."""
+        if self.dp_shard_size > 1:
+            return "fsdp"
+        return "ddp" if self.dp_replicate_size > 1 else "auto"
+
+    @property
+    def fsdp_mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """FSDP2's mesh (shape, dimension names): 2-D (replicate, shard) for HSDP, else 1-D."""
+        if self.dp_replicate_size > 1:
+            return (self.dp_replicate_size, self.dp_shard_size), (REPLICATE_DIM, SHARD_DIM)
+        return (self.dp_shard_size,), (SHARD_DIM,)
+
+    def check(self, num_processes: int, strategy: str) -> None:
+        """Checks the layout against the run, as every process does at `Accelerator(...)`.
+
+        Args:
+            num_processes: The run's number of processes.
+            strategy: The `strategy=` the Accelerator was given ("auto" leaves the choice to the layout).
+
+        Raises:
+            ValueError: for sizes that do not multiply to `num_processes`, a layout fittrain cannot
+                run yet (tensor or context parallelism), or a `strategy` that contradicts it.
+        """
+        sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
+        if self.cp_size > 1 or self.cp_handler is not None:
+            raise ValueError(
+                f"ParallelismConfig(cp_size={self.cp_size}): context parallelism needs CUDA attention kernels "
+                "(ring attention over SDPA's flash or efficient kernels), which fittrain does not drive yet, and "
+                f"which a CPU run cannot use. Received: {sizes}. Use cp_size=1 and shard with dp_shard_size.")
+        if self.tp_size > 1 or self.tp_handler is not None:
+            raise ValueError(
+                f"ParallelismConfig(tp_size={self.tp_size}): tensor parallelism is not built into fittrain yet. "
+                f"Received: {sizes}. Use tp_size=1 and shard the model with dp_shard_size (FSDP2), or with "
+                "dp_replicate_size and dp_shard_size together (HSDP).")
+        if self.total_size != num_processes:
+            raise ValueError(
+                f"ParallelismConfig's sizes multiply to {self.total_size} processes, but this run has "
+                f"{num_processes}. Received: {sizes}. Make dp_replicate_size x dp_shard_size x tp_size x cp_size "
+                f"equal the number of processes (fittrain launch --num_processes {self.total_size}, or other sizes).")
+        if strategy not in ("auto", self.strategy):
+            raise ValueError(
+                f"strategy={strategy!r} contradicts the parallelism_config, whose sizes run {self.strategy!r}. "
+                f"Received: strategy={strategy!r}, {sizes}. Leave strategy at 'auto' with a parallelism_config.")
+
+
+def check_layout_type(value: Any) -> ParallelismConfig | None:
+    """`parallelism_config` as given: a ParallelismConfig, Accelerate's own (same fields), or None.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    if value is None or isinstance(value, ParallelismConfig):
+        return value
+    if type(value).__name__ == "ParallelismConfig" and all(hasattr(value, name) for name in _SIZES):
+        # `from accelerate import ParallelismConfig` left in a ported script: the same layout.
+        return ParallelismConfig(**{name: getattr(value, name) for name in _SIZES},
+                                 tp_handler=getattr(value, "tp_handler", None),
+                                 cp_handler=getattr(value, "cp_handler", None))
+    raise TypeError(f"parallelism_config must be a fittrain.ParallelismConfig (or None). Received: "
+                    f"{short_repr(value)} ({type(value).__name__}). Build one: "
+                    "ParallelismConfig(dp_replicate_size=..., dp_shard_size=...).")
