@@ -9,6 +9,7 @@ Holds:
                       synchronised, clipped and saved (full or sharded state); `make_strategy`
     parallel          strategy names ("auto", "ddp", "fsdp") and which one a run uses
     layout            `ParallelismConfig` (Accelerate's): the processes on a device mesh (HSDP: 2-D)
+    memory_estimate   each process's bytes of parameters, gradients, optimizer state under a layout
     wrappers          what a prepared model is wrapped in (DDP, FSDP2, torch.compile); `unwrap`
     sharded_state     sharded state dicts (torch.distributed.checkpoint), for the strategies
     slurm, teardown, preemption, launch_guard

@@ -28,6 +28,7 @@ from fittrain.distributed.parallel import STRATEGIES, STRATEGY_ENV
 from fittrain.distributed.preemption import forwarding_to_workers, launcher_signals, torchrun_signal_args
 from fittrain.distributed.process_state import TIMEOUT_ENV
 from fittrain.launch import config as launch_config
+from fittrain.launch import estimate
 from fittrain.step.precision import PRECISIONS
 
 _LAUNCH_EXAMPLES = """\
@@ -53,6 +54,7 @@ _MAIN_EXAMPLES = """\
 examples:
   fittrain launch --num_processes 2 train.py     run train.py on two processes
   fittrain env                                   print versions and devices for a bug report
+  fittrain estimate pkg.models:build --dp_shard_size 8   each process's memory for a model under FSDP2
   fittrain --version                             print fittrain's and torch's versions
 """
 
@@ -138,16 +140,18 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `fittrain` argument parser, with `--version` and the `launch`, `env` and `consolidate` subcommands."""
+    """The `fittrain` argument parser, with `--version` and the `launch`, `env`, `consolidate` and `estimate`
+    subcommands."""
     parser = argparse.ArgumentParser(
         prog="fittrain", description="fittrain: train PyTorch models on one or many processes.",
         epilog=_MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line(),
                         help="print fittrain's and torch's versions and exit")
-    subparsers = parser.add_subparsers(title="commands", metavar="{launch,env,consolidate}")
+    subparsers = parser.add_subparsers(title="commands", metavar="{launch,env,consolidate,estimate}")
     _add_launch_parser(subparsers)
     _add_env_parser(subparsers)
     consolidate.add_parser(subparsers)
+    estimate.add_parser(subparsers)
     return parser
 
 

@@ -32,3 +32,11 @@ def fsdp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fsdp")
     job = run(forked(2, "fsdp_worker.py", "--out", str(out))).check()
     return {"job": job, "ranks": read_results(out, 2), "out": out}
+
+
+@pytest.fixture(scope="session")
+def hsdp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """scripts/hsdp_worker.py on 4 forked processes: HSDP, a 2 x 2 (dp_replicate, dp_shard) mesh."""
+    out = tmp_path_factory.mktemp("hsdp")
+    run(forked(4, "hsdp_worker.py", "--out", str(out))).check()
+    return {"ranks": read_results(out, 4), "out": out}

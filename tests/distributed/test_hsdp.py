@@ -1,5 +1,5 @@
 """HSDP on 4 real gloo processes (`ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)`), and the
-layout's bad input. The job: scripts/hsdp_worker.py."""
+layout's bad input. The job: scripts/hsdp_worker.py (the `hsdp_job` fixture, conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,11 @@ from safetensors.torch import load_file
 
 from fittrain import Accelerator, ParallelismConfig, Trainer
 from fittrain.checkpoint.consolidate import consolidate
-from support.jobs import forked, run
-from support.results import assert_state_close, assert_state_equal, read_results
+from support.results import assert_state_close, assert_state_equal
 
 #: HSDP averages each gradient over 2 shards' reduce-scatter, then over 2 replicas: another
 #: summation order than one process's, so the weights agree to float32 rounding, not bitwise.
 ONE_PROCESS_ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def hsdp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("hsdp")
-    run(forked(4, "hsdp_worker.py", "--out", str(out))).check()
-    return {"ranks": read_results(out, 4), "out": out}
 
 
 @pytest.mark.subprocess

@@ -7,7 +7,9 @@ Run as `hsdp_worker.py --out DIR` on 4 ranks; each rank saves what it saw to DIR
 - resume: an epoch, a save (sharded, the default under FSDP2), the next epoch; then the
   checkpoint loaded back and that epoch again, which must be bitwise the same;
 - as_fsdp: the HSDP checkpoint loaded under plain FSDP2 over all 4 processes (another layout);
-- trainer: `Trainer(parallelism_config=...)` fits under the same layout.
+- trainer: `Trainer(parallelism_config=...)` fits under the same layout;
+- memory: the bytes this rank holds after an AdamW step under HSDP and under FSDP2 over all 4,
+  for `fittrain.distributed.memory_estimate` to be compared with.
 """
 
 from __future__ import annotations
@@ -102,7 +104,28 @@ def trainer(out: pathlib.Path) -> dict[str, Any]:
             "steps": fit.state.global_step}
 
 
-SCENARIOS = {"train": train, "resume": resume, "as_fsdp": as_fsdp, "trainer": trainer}
+def _local_bytes(tensors: Any) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
+
+
+def memory(out: pathlib.Path) -> dict[str, Any]:
+    held = {}
+    layouts = (("hsdp", dict(parallelism_config=ParallelismConfig(**HSDP))), ("fsdp", dict(strategy="fsdp")))
+    for name, options in layouts:
+        acc = Accelerator(**options)
+        model = training.make_model()
+        model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=training.LR))
+        x, y = next(iter(training.make_loader(32, 4)))
+        acc.backward(F.mse_loss(model(x), y))
+        optimizer.step()
+        states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        held[name] = {"parameters": _local_bytes(model.parameters()),
+                      "gradients": _local_bytes(p.grad for p in model.parameters()),
+                      "optimizer_state": _local_bytes(states)}
+    return held
+
+
+SCENARIOS = {"train": train, "resume": resume, "as_fsdp": as_fsdp, "trainer": trainer, "memory": memory}
 
 
 def main() -> None:
