@@ -143,7 +143,8 @@ class Trainer(LightningAttributes, NativeTrainer):
         self._detect_anomaly = given["detect_anomaly"]
         self._sync_batchnorm = given["sync_batchnorm"]
 
-    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any) -> Accelerator:
+    def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any,
+                           parallelism_config: Any) -> Accelerator:
         """The native Trainer's Accelerator, on the CPU for accelerator="cpu", with DDP's
         find_unused_parameters for strategy="ddp_find_unused_parameters_true"."""
         from fittrain.accelerator.configuration import DistributedDataParallelKwargs  # only this Trainer needs it
@@ -153,6 +154,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         return Accelerator(
             gradient_accumulation_steps=check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps),
             strategy=check_strategy(strategy), cpu=self._cpu, kwargs_handlers=handlers,
+            parallelism_config=parallelism_config,
             project_config=ProjectConfiguration(self.project_dir, os.path.join(self.project_dir, "logs"),
                                                 automatic_checkpoint_naming=True))
 
