@@ -119,6 +119,22 @@ def _launcher_facts() -> tuple[int, int, int, str | None]:
     return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0), None
 
 
+def _restarted_group_store(world_size: int, timeout: datetime.timedelta) -> Any:
+    """For workers that torchrun restarted (`--max_restarts`), the launcher's store under a prefix of
+    this attempt's own; None otherwise (torch's env:// rendezvous).
+
+    torchrun's workers share their launcher's store, and torch adds no prefix per attempt, so a
+    restarted group can read the dead workers' gloo addresses left from the attempt before and
+    fail to connect ("Connection refused"), now and then.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt in ("", "0") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"/fittrain/attempt_{attempt}", store)
+
+
 def _pick_device(cpu: bool, local_rank: int) -> torch.device:
     """cuda, then mps, then cpu: the fastest device present, unless `cpu=True` forces the CPU."""
     if cpu:
@@ -204,8 +220,10 @@ class ProcessState:
             # then outlive it into interpreter finalization, the abort fittrain.distributed.teardown prevents.
             # Imported before the group, it holds none. DDP and FSDP import it anyway.
             importlib.import_module("torch._dynamo")
-            dist.init_process_group(backend=backend, init_method=init_method, timeout=timeout or collective_timeout(),
-                                    world_size=world_size, rank=rank)
+            timeout = timeout or collective_timeout()
+            store = _restarted_group_store(world_size, timeout) if init_method is None else None
+            dist.init_process_group(backend=backend, init_method=None if store else init_method, store=store,
+                                    timeout=timeout, world_size=world_size, rank=rank)
             # The group fittrain made is destroyed before the interpreter finalizes, even if the
             # script never calls end_training(): see fittrain.distributed.teardown for the crash this avoids.
             atexit.register(leave_process_group)

@@ -94,6 +94,16 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
                              "29500 on several)")
     launch.add_argument("--rdzv_backend", choices=launch_config.RDZV_BACKENDS, default=None,
                         help="torchrun's rendezvous: static (default) or c10d at main_process_ip:port")
+    launch.add_argument("--rdzv_endpoint", default=None, metavar="HOST:PORT",
+                        help="c10d rendezvous address (default: main_process_ip:main_process_port)")
+    launch.add_argument("--rdzv_id", default=None, metavar="ID", help="torchrun's job id for a c10d rendezvous")
+    launch.add_argument("--rdzv_conf", default=None, metavar="K=V,...",
+                        help="torchrun's rendezvous options, e.g. join_timeout=600")
+    launch.add_argument("--max_restarts", type=int, default=None, metavar="N",
+                        help="restart every process of this machine up to N times when one fails; with "
+                             "resume_from='auto' the run goes on from its newest checkpoint (default: 0)")
+    launch.add_argument("--monitor_interval", type=float, default=None, metavar="SECONDS",
+                        help="how often torchrun checks its processes (default: torchrun's)")
     launch.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help=f"how to parallelise models; exported as {STRATEGY_ENV} and used by "
                              "Accelerator(strategy='auto') (default: the script's own choice)")
@@ -188,9 +198,9 @@ def torchrun_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"the training script {args.script!r} does not exist. Received: script={args.script!r}. "
                      "Pass a path to a Python file, or use -m for a module name.")
     argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
-            "--nproc-per-node", str(_processes_per_node(args, parser))]
+            "--nproc-per-node", str(_processes_per_node(args, parser))] + _elastic_flags(args, parser)
     if args.rdzv_backend == "c10d":
-        endpoint = f"{args.main_process_ip or '127.0.0.1'}:{args.main_process_port or 29500}"
+        endpoint = args.rdzv_endpoint or f"{args.main_process_ip or '127.0.0.1'}:{args.main_process_port or 29500}"
         return argv + ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint] + _target(args)
     if args.main_process_ip is not None:
         argv += ["--master-addr", args.main_process_ip]
@@ -198,6 +208,22 @@ def torchrun_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if args.main_process_port is not None:
         argv += ["--master-port", str(args.main_process_port)]
     return argv + _target(args)
+
+
+def _elastic_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """torchrun's restart and rendezvous options, passed on under torchrun's names (parser.error on bad input)."""
+    if args.max_restarts is not None and args.max_restarts < 0:
+        parser.error(f"--max_restarts must be 0 or more. Received: --max_restarts {args.max_restarts}.")
+    if args.monitor_interval is not None and not args.monitor_interval > 0:
+        parser.error(f"--monitor_interval must be a positive number of seconds. Received: --monitor_interval "
+                     f"{args.monitor_interval}.")
+    c10d_only = [f"--{name}" for name in ("rdzv_endpoint", "rdzv_id", "rdzv_conf") if getattr(args, name) is not None]
+    if c10d_only and args.rdzv_backend != "c10d":
+        parser.error(f"{', '.join(c10d_only)} configure a c10d rendezvous. Received: --rdzv_backend "
+                     f"{args.rdzv_backend or 'static'}. Add --rdzv_backend c10d, or leave them out.")
+    flags = {"--max-restarts": args.max_restarts, "--monitor-interval": args.monitor_interval,
+             "--rdzv-id": args.rdzv_id, "--rdzv-conf": args.rdzv_conf}
+    return [part for flag, value in flags.items() if value is not None for part in (flag, str(value))]
 
 
 def _target(args: argparse.Namespace) -> list[str]:

@@ -43,6 +43,11 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["--num_cpu_threads_per_process", "0"],
      "--num_cpu_threads_per_process must be at least 1. Received: --num_cpu_threads_per_process 0."),
     (["--num_cpu_threads_per_process", "-4"], "Received: --num_cpu_threads_per_process -4."),
+    (["--max_restarts", "-1"], "--max_restarts must be 0 or more. Received: --max_restarts -1."),
+    (["--monitor_interval", "0"], "--monitor_interval must be a positive number of seconds. Received: "
+                                  "--monitor_interval 0.0."),
+    (["--rdzv_id", "job7"], "--rdzv_id configure a c10d rendezvous. Received: --rdzv_backend static. Add "
+                            "--rdzv_backend c10d"),
 ])
 def test_bad_flags_are_named_with_their_value(argv: list[str], expected: str, folder: pathlib.Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,3 +143,19 @@ def test_config_booleans_as_yaml_writes_them(folder: pathlib.Path) -> None:
     args = cli.build_parser().parse_args(["launch", "--config_file", "config.yaml", "train.py"])
     cli.torchrun_argv(args, args.parser)
     assert (args.cpu, args.debug, args.rdzv_backend) == (False, True, "c10d")
+
+
+def test_restart_and_rendezvous_flags_reach_torchrun_under_its_names(folder: pathlib.Path) -> None:
+    args = cli.build_parser().parse_args(
+        ["launch", "--num_processes", "2", "--max_restarts", "3", "--monitor_interval", "0.5", "--rdzv_backend",
+         "c10d", "--rdzv_endpoint", "10.0.0.1:29400", "--rdzv_id", "job7", "--rdzv_conf", "join_timeout=600",
+         "train.py", "--lr", "0.1"])
+    argv = cli.torchrun_argv(args, args.parser)
+    assert argv == ["--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", "--max-restarts", "3",
+                    "--monitor-interval", "0.5", "--rdzv-id", "job7", "--rdzv-conf", "join_timeout=600",
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400", "train.py", "--lr", "0.1"]
+    from torch.distributed import run as torchrun  # torchrun itself reads them as given
+
+    parsed = torchrun.get_args_parser().parse_args(argv)
+    assert (parsed.max_restarts, parsed.rdzv_id, parsed.rdzv_endpoint) == (3, "job7", "10.0.0.1:29400")
+

@@ -5,7 +5,9 @@ Before training, each rank records what it learnt from the environment and the r
 all-reduce (`--facts`). `--hold-at-step N` makes every rank wait after optimizer step N until a
 preemption signal reaches it (the test sends SIGUSR1 once `<project>/held.rank<R>` exists):
 the ranks agree on a stop at step 10 (PreemptionWatcher.check_every), so N=10 stops exactly
-there. The main process writes the final parameters to `--result` (torch.save).
+there. `--pause-at-step N` makes every rank wait there once, for a test to kill one (a launcher
+with --max_restarts then restarts them). The main process writes the final parameters to
+`--result` (torch.save).
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ class HoldForSignal(Callback):
             time.sleep(0.01)
 
 
+class PauseUntilKilled(Callback):
+    """After optimizer step `step`, once per project (until `<project>/restarted` exists): each rank
+    writes its pid to `<project>/paused.rank<R>` and waits, for the test to kill one of them, until
+    the launcher stops it (its SIGTERM reaches the Trainer as a preemption request)."""
+
+    def __init__(self, step: int, project: pathlib.Path) -> None:
+        self.step, self.project = step, project
+
+    def on_train_batch_end(self, trainer: Trainer) -> None:
+        if trainer.state.global_step != self.step or (self.project / "restarted").exists():
+            return
+        (self.project / f"paused.rank{trainer.accelerator.process_index}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_TIMEOUT
+        while not trainer.preemption.requested:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not stopped within {HOLD_TIMEOUT:.0f}s")
+            time.sleep(0.01)
+
+
 def record_facts(trainer: Trainer, path: str) -> None:
     acc = trainer.accelerator
     total = acc.reduce(torch.tensor([float(acc.process_index + 1)]), reduction="sum").item()
@@ -95,6 +116,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--hold-at-step", type=int)
     parser.add_argument("--checkpoint-every", type=int)
+    parser.add_argument("--pause-at-step", type=int, help="wait there to be killed, once (PauseUntilKilled)")
     parser.add_argument("--one-tensor", action="store_true", help="a model with a single parameter tensor")
     args = parser.parse_args()
     project = pathlib.Path(args.project)
@@ -102,6 +124,8 @@ def main() -> None:
     callbacks: list[Callback] = []
     if args.hold_at_step:
         callbacks.append(HoldForSignal(args.hold_at_step, project))
+    if args.pause_at_step:
+        callbacks.append(PauseUntilKilled(args.pause_at_step, project))
     if args.checkpoint_every:
         from fittrain.callbacks import Checkpointer
 
