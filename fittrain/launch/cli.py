@@ -54,7 +54,7 @@ _MAIN_EXAMPLES = """\
 examples:
   fittrain launch --num_processes 2 train.py     run train.py on two processes
   fittrain env                                   print versions and devices for a bug report
-  fittrain estimate pkg.models:build --dp_shard_size 8   each process's memory for a model under FSDP2
+  fittrain estimate mypkg.models:build           each process's memory for a model (--dp_shard_size N: FSDP2)
   fittrain --version                             print fittrain's and torch's versions
 """
 
