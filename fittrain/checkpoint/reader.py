@@ -15,14 +15,13 @@ import json
 import os
 import pathlib
 import stat
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Iterable
 
 import safetensors.torch
 import torch
 
-from fittrain.checkpoint.crc import file_checksum
+from fittrain.checkpoint.crc import crc32, file_checksum
 from fittrain.checkpoint.errors import CheckpointDeletedError, CheckpointError, brief
 from fittrain.checkpoint.fastio import MANIFEST_NAME, is_listed_name
 from fittrain.checkpoint.folder import MANIFEST_FORMAT, MANIFEST_VERSION
@@ -312,7 +311,7 @@ class CheckpointReader:
                 if size != self._files[name]["size"]:
                     self._check(path, size, 0)  # raises: a file of the wrong size is not read
                 data = f.read()
-            self._check(path, len(data), zlib.crc32(data))
+            self._check(path, len(data), crc32(data))
         return data
 
     def read_tensors(self, name: str) -> dict[str, torch.Tensor]:

@@ -91,3 +91,17 @@ def test_a_failed_write_raises_after_the_checksum_thread_ended() -> None:
         crc.crc32_beside(memoryview(data), 0, full_disk)
     # The buffer may be reused at once: no checksum thread may still be reading it.
     assert not [t for t in threading.enumerate() if t.name == "fittrain-crc32"]
+
+
+def test_the_fast_crc32_is_zlibs_crc32() -> None:
+    """fittrain[fast]'s ISA-L CRC32 (installed with [dev]) writes and checks the very values zlib's does,
+    so checkpoints read the same with it or without it."""
+    import importlib.util
+
+    expected = "isal" if importlib.util.find_spec("isal") else "zlib"
+    assert crc.CRC32_IMPLEMENTATION == expected
+    rng = random.Random(3)
+    for size in (0, 1, 15, 4096, 1 << 20, (1 << 20) + 7):
+        data = rng.randbytes(size)
+        for start in (0, 1, 0xFFFFFFFF, 123456789):
+            assert crc.crc32(data, start) == zlib.crc32(data, start), (size, start)
