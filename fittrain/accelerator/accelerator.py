@@ -120,10 +120,9 @@ class Accelerator(ProcessMethods, CompatMethods):
                                   gradient_accumulation_plugin, kwargs_handlers, rng_types)
         #: The strategy's name: "auto", "ddp" or "fsdp" (the launcher's FITTRAIN_STRATEGY fills "auto", and a
         #: parallelism_config's layout decides it).
-        self.strategy = resolve_strategy(strategy)
+        requested = resolve_strategy(strategy)
         layout = check_layout_type(parallelism_config)
-        if layout is not None and self.strategy == "auto":
-            self.strategy = layout.strategy
+        self.strategy = layout.strategy if layout is not None and requested == "auto" else requested
         self.project_configuration = _project_configuration(project_dir, project_config)
         group = options.process_group or InitProcessGroupKwargs()
         self.state = ProcessState.from_environment(cpu=cpu, timeout=group.timeout, backend=group.backend,
@@ -144,7 +143,7 @@ class Accelerator(ProcessMethods, CompatMethods):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp_classes = check_fsdp_classes(fsdp_classes)
         if layout is not None:  # on every process, before anything is wrapped
-            layout.check(self.state.num_processes, resolve_strategy(strategy))
+            layout.check(self.state.num_processes, requested)
         #: The processes' layout on a device mesh, or None (every process one data-parallel rank).
         self.parallelism_config = layout
         #: Wraps, synchronises, clips and saves models; the only place that knows DDP from FSDP2.

@@ -39,13 +39,13 @@ def fsdp_runs(out: pathlib.Path) -> dict[str, Any]:
     return results
 
 
-def _prepared(acc: Accelerator) -> tuple[nn.Module, Any, Any]:
+def prepared(acc: Accelerator) -> tuple[nn.Module, Any, Any]:
     model = training.make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=training.LR, momentum=training.MOMENTUM)
     return acc.prepare(model, optimizer, training.make_loader(32, 4))
 
 
-def _epoch(acc: Accelerator, model: nn.Module, optimizer: Any, loader: Any) -> dict[str, torch.Tensor]:
+def train_epoch(acc: Accelerator, model: nn.Module, optimizer: Any, loader: Any) -> dict[str, torch.Tensor]:
     for x, y in loader:
         acc.backward(F.mse_loss(model(x), y))
         optimizer.step()
@@ -56,7 +56,7 @@ def _epoch(acc: Accelerator, model: nn.Module, optimizer: Any, loader: Any) -> d
 def rebinding(out: pathlib.Path) -> dict[str, Any]:
     """The optimizer built before prepare() holds exactly the sharded parameters afterwards."""
     acc = Accelerator(strategy="fsdp")
-    model, optimizer, _ = _prepared(acc)
+    model, optimizer, _ = prepared(acc)
     held = [p for group in optimizer.param_groups for p in group["params"]]
     return {
         "is_fsdp": parallel.is_fsdp(model), "unwrapped_is_model": acc.unwrap_model(model) is model,
@@ -90,8 +90,8 @@ def rebinding_later(out: pathlib.Path) -> dict[str, Any]:
 def save_model(out: pathlib.Path) -> dict[str, Any]:
     """save_model under FSDP2 writes full weights from the main process."""
     acc = Accelerator(strategy="fsdp")
-    model, optimizer, loader = _prepared(acc)
-    params = _epoch(acc, model, optimizer, loader)
+    model, optimizer, loader = prepared(acc)
+    params = train_epoch(acc, model, optimizer, loader)
     acc.save_model(model, out / "saved")
     return {"params": params}
 
@@ -99,8 +99,8 @@ def save_model(out: pathlib.Path) -> dict[str, Any]:
 def optimizer_helpers(out: pathlib.Path) -> dict[str, Any]:
     """The strategy's full model/optimizer state methods round-trip through files, bit for bit."""
     acc = Accelerator(strategy="fsdp")
-    model, optimizer, loader = _prepared(acc)
-    _epoch(acc, model, optimizer, loader)
+    model, optimizer, loader = prepared(acc)
+    train_epoch(acc, model, optimizer, loader)
     strategy = acc.distributed_strategy
     model_state = strategy.full_state_dict(model)
     optimizer_state = strategy.optimizer_state_dict(optimizer, [model])
@@ -108,26 +108,26 @@ def optimizer_helpers(out: pathlib.Path) -> dict[str, Any]:
     if acc.is_main_process:
         torch.save({"model": model_state, "optimizer": optimizer_state}, out / "full_state.pt")
     acc.wait_for_everyone()
-    first = _epoch(acc, model, optimizer, loader)
+    first = train_epoch(acc, model, optimizer, loader)
     # Every rank reads the full state, as load_state does, and keeps its own shard of it.
     full = torch.load(out / "full_state.pt", weights_only=True)
     strategy.load_full_state_dict(model, full["model"])
     strategy.load_optimizer_state_dict(optimizer, [model], full["optimizer"])
     loader.load_state_dict(position)
-    second = _epoch(acc, model, optimizer, loader)
+    second = train_epoch(acc, model, optimizer, loader)
     return {"first": first, "second": second, "saved_keys": sorted(optimizer_state.get("state", {}))}
 
 
 def accelerator_state(out: pathlib.Path) -> dict[str, Any]:
     """Accelerator.save_state/load_state under FSDP2 round-trip, bit for bit (or the error)."""
     acc = Accelerator(strategy="fsdp")
-    model, optimizer, loader = _prepared(acc)
-    _epoch(acc, model, optimizer, loader)
+    model, optimizer, loader = prepared(acc)
+    train_epoch(acc, model, optimizer, loader)
     try:
         folder = acc.save_state(out / "ckpt")
-        first = _epoch(acc, model, optimizer, loader)
+        first = train_epoch(acc, model, optimizer, loader)
         acc.load_state(folder)
-        second = _epoch(acc, model, optimizer, loader)
+        second = train_epoch(acc, model, optimizer, loader)
     except Exception as error:  # reported to the test, which shows it
         # Ranks may now be out of step; leave without further collectives.
         return {"error": f"{type(error).__name__}: {error}"}

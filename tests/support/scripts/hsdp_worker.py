@@ -26,22 +26,9 @@ from torch import nn
 
 import training
 from fittrain import Accelerator, ParallelismConfig, Trainer, TrainModule
+from fsdp_worker import prepared, train_epoch
 
 HSDP = dict(dp_replicate_size=2, dp_shard_size=2)
-
-
-def _prepared(acc: Accelerator) -> tuple[nn.Module, Any, Any]:
-    model = training.make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=training.LR, momentum=training.MOMENTUM)
-    return acc.prepare(model, optimizer, training.make_loader(32, 4))
-
-
-def _epoch(acc: Accelerator, model: nn.Module, optimizer: Any, loader: Any) -> dict[str, torch.Tensor]:
-    for x, y in loader:
-        acc.backward(F.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
-    return _state(acc, model)
 
 
 def _state(acc: Accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -64,22 +51,22 @@ def train(out: pathlib.Path) -> dict[str, Any]:
 
 def resume(out: pathlib.Path) -> dict[str, Any]:
     acc = Accelerator(parallelism_config=ParallelismConfig(**HSDP))
-    model, optimizer, loader = _prepared(acc)
-    _epoch(acc, model, optimizer, loader)
+    model, optimizer, loader = prepared(acc)
+    train_epoch(acc, model, optimizer, loader)
     saved = _state(acc, model)
     folder = acc.save_state(out / "hsdp_checkpoint")
-    first = _epoch(acc, model, optimizer, loader)
+    first = train_epoch(acc, model, optimizer, loader)
     acc.load_state(folder)
-    second = _epoch(acc, model, optimizer, loader)
+    second = train_epoch(acc, model, optimizer, loader)
     return {"saved": saved, "first": first, "second": second}
 
 
 def as_fsdp(out: pathlib.Path) -> dict[str, Any]:
     acc = Accelerator(strategy="fsdp")
-    model, optimizer, loader = _prepared(acc)
+    model, optimizer, loader = prepared(acc)
     acc.load_state(out / "hsdp_checkpoint")
     loaded = _state(acc, model)
-    return {"loaded": loaded, "after_epoch": _epoch(acc, model, optimizer, loader)}
+    return {"loaded": loaded, "after_epoch": train_epoch(acc, model, optimizer, loader)}
 
 
 class _Regression(TrainModule):
