@@ -12,9 +12,9 @@ Holds:
     memory_estimate   each process's bytes of parameters, gradients, optimizer state under a layout
     wrappers          what a prepared model is wrapped in (DDP, FSDP2, torch.compile); `unwrap`
     sharded_state     sharded state dicts (torch.distributed.checkpoint), for the strategies
-    slurm, teardown, preemption, launch_guard
+    slurm, teardown, preemption, launch_guard, watchdog
                       the job around the processes: SLURM's environment, a clean exit,
-                      graceful preemption, dying with the launcher
+                      graceful preemption, dying with the launcher, ending a job whose rank hangs
 
 The strategies are the only place that asks whether a model runs under DDP or FSDP2; code
 above this package asks the Accelerator's strategy object instead.

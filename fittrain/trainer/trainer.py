@@ -23,6 +23,7 @@ from fittrain.common.checks import check_bool, check_positive_int
 from fittrain.distributed.layout import ParallelismConfig
 from fittrain.distributed.parallel import check_strategy
 from fittrain.distributed.preemption import DEFAULT_SIGNALS, PreemptionWatcher
+from fittrain.distributed.watchdog import StepWindow, check_hang_timeout, watch_steps
 from fittrain.step.compile import check_compile, use_compile
 from fittrain.trackers.runs import check_run_name
 from fittrain.trainer.callback_states import CallbackStates
@@ -113,6 +114,11 @@ class Trainer:
             (fittrain/trainer/determinism.py).
         enable_model_summary: The progress display prints the parameter table (fittrain/trainer/summary.py)
             when fit starts; not without a display (enable_progress_bar=False, Logger(progress_bar=False)).
+        hang_timeout: With several processes, how long a training step may wait for a rank that stopped
+            answering (stopped, frozen, deadlocked) before the job ends with a message naming it:
+            "auto" max(60 s, 20 x the median step), a number of seconds, or None (the collective
+            timeout, 30 minutes). Saves, validation and data loading are never cut short
+            (fittrain/distributed/watchdog.py).
 
     Example:
         >>> trainer = Trainer(max_epochs=3, callbacks=[GradClip(max_norm=1.0), Logger()])
@@ -131,7 +137,8 @@ class Trainer:
                  fast_dev_run: bool | int = False, overfit_batches: int | float = 0, num_sanity_val_steps: int = 0,
                  max_time: str | datetime.timedelta | dict[str, int] | None = None,
                  deterministic: bool | str | None = None, enable_model_summary: bool = True,
-                 parallelism_config: ParallelismConfig | None = None) -> None:
+                 parallelism_config: ParallelismConfig | None = None,
+                 hang_timeout: float | str | None = "auto") -> None:
         self.limits = LoopLimits.resolve(
             {"train": limit_train_batches, "val": limit_val_batches, "test": limit_test_batches,
              "predict": limit_predict_batches}, overfit_batches, fast_dev_run, num_sanity_val_steps,
@@ -143,6 +150,7 @@ class Trainer:
         self.val_every_n_epochs, self.val_every_n_steps = lengths.val_every_n_epochs, lengths.val_every_n_steps
         self.deterministic = use_deterministic(deterministic)
         self.enable_model_summary = check_bool("enable_model_summary", enable_model_summary, owner="Trainer")
+        self.hang_timeout = check_hang_timeout(hang_timeout)
         check_path("resume_from", resume_from, optional=True)
         check_path("project_dir", project_dir)
         check_accelerator(accelerator)
@@ -249,10 +257,13 @@ class Trainer:
         module.attach(self)
         self.events.use_module_hooks(hooks)
         fire, state = self._fire, self.state
+        window = StepWindow()  # each training step's span, for the hang watchdog once set up
         try:
             with self.preemption:
                 fire(Event.FIT_START)  # before prepare(): callbacks may still configure the Accelerator
                 self._setup(module, train_loader, val_loader, resume)
+                acc = self.accelerator
+                window = watch_steps(self.hang_timeout, acc.process_index, acc.num_processes)
                 run_sanity_check(self, lambda: self._validate(self.val_loader, self.loops.sanity))
                 fire(Event.TRAIN_START)
                 if self.timer is not None:
@@ -262,8 +273,10 @@ class Trainer:
                     module.train()
                     for batch in self._epoch_batches():  # a resumed epoch skips what its checkpoint consumed
                         fire(Event.TRAIN_BATCH_START)
+                        window.begin()
                         stepped = self.optimization.train_batch(batch)
                         self.logged.end_batch()  # sync_dist step values: one collective for all of them
+                        window.end()
                         # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
                         # and a resume from it continues with the next batch instead of validating again.
                         stop = stepped and self.loops.schedule.after_step(state) and self._validate_mid_epoch()
@@ -287,6 +300,7 @@ class Trainer:
             self.events.fire_exception(self, exc)
             raise
         finally:
+            window.close()
             self.data.end("fit")
 
     def _epoch_batches(self) -> Iterator[Any]:

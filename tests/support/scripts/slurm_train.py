@@ -6,7 +6,9 @@ all-reduce (`--facts`). `--hold-at-step N` makes every rank wait after optimizer
 preemption signal reaches it (the test sends SIGUSR1 once `<project>/held.rank<R>` exists):
 the ranks agree on a stop at step 10 (PreemptionWatcher.check_every), so N=10 stops exactly
 there. `--pause-at-step N` makes every rank wait there once, for a test to kill one (a launcher
-with --max_restarts then restarts them). The main process writes the final parameters to
+with --max_restarts then restarts them). `--stop-at-step N` makes rank 1 stop itself (SIGSTOP) as
+step N starts; `--slow-save S` makes rank 1's first save take S seconds more, `--slow-batch-end S`
+its end of step 6 (the hang watchdog's tests, with `--hang-timeout`). The main process writes the final parameters to
 `--result` (torch.save).
 """
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import time
 
 import torch
@@ -97,6 +100,43 @@ class PauseUntilKilled(Callback):
             time.sleep(0.01)
 
 
+class StopSelf(Callback):
+    """Rank 1 stops its own process (SIGSTOP) as optimizer step `step` starts, after writing its pid
+    to `<project>/stopped.rank1`: a rank that hangs, for the others' watchdogs to notice."""
+
+    def __init__(self, step: int, project: pathlib.Path) -> None:
+        self.step, self.project = step, project
+
+    def on_train_batch_start(self, trainer: Trainer) -> None:
+        if trainer.accelerator.process_index == 1 and trainer.state.global_step == self.step:
+            (self.project / "stopped.rank1").write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class SlowBatchEnd(Callback):
+    """Rank 1 spends `seconds` in on_train_batch_end of step 6, with no collective to hold the others:
+    work on one rank outside the training step, such as a main-process upload."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: Trainer) -> None:
+        if trainer.accelerator.process_index == 1 and trainer.state.global_step == 6:
+            time.sleep(self.seconds)
+
+
+def slow_first_save(seconds: float) -> object:
+    """A save_state pre-hook with which rank 1's first save takes `seconds` longer."""
+    slept: list[bool] = []
+
+    def hook(models: object, weights: object, output_dir: str) -> None:
+        if int(os.environ.get("RANK", "0")) == 1 and not slept:
+            slept.append(True)
+            time.sleep(seconds)
+
+    return hook
+
+
 def record_facts(trainer: Trainer, path: str) -> None:
     acc = trainer.accelerator
     total = acc.reduce(torch.tensor([float(acc.process_index + 1)]), reduction="sum").item()
@@ -118,6 +158,10 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int)
     parser.add_argument("--pause-at-step", type=int, help="wait there to be killed, once (PauseUntilKilled)")
     parser.add_argument("--one-tensor", action="store_true", help="a model with a single parameter tensor")
+    parser.add_argument("--stop-at-step", type=int, help="rank 1 stops itself (SIGSTOP) there (StopSelf)")
+    parser.add_argument("--slow-save", type=float, help="rank 1's first save takes this many seconds more")
+    parser.add_argument("--slow-batch-end", type=float, help="rank 1's end of step 6 takes this many seconds")
+    parser.add_argument("--hang-timeout", type=float, help="Trainer(hang_timeout=...) in seconds")
     args = parser.parse_args()
     project = pathlib.Path(args.project)
     project.mkdir(parents=True, exist_ok=True)
@@ -126,12 +170,19 @@ def main() -> None:
         callbacks.append(HoldForSignal(args.hold_at_step, project))
     if args.pause_at_step:
         callbacks.append(PauseUntilKilled(args.pause_at_step, project))
+    if args.stop_at_step:
+        callbacks.append(StopSelf(args.stop_at_step, project))
+    if args.slow_batch_end:
+        callbacks.append(SlowBatchEnd(args.slow_batch_end))
     if args.checkpoint_every:
         from fittrain.callbacks import Checkpointer
 
         callbacks.append(Checkpointer(every_n_steps=args.checkpoint_every))
     torch.manual_seed(999 if args.resume else 0)  # whatever a resume fails to restore shows
-    trainer = Trainer(callbacks=callbacks, max_epochs=args.epochs, project_dir=project, resume_from=args.resume)
+    trainer = Trainer(callbacks=callbacks, max_epochs=args.epochs, project_dir=project, resume_from=args.resume,
+                      hang_timeout=args.hang_timeout or "auto")
+    if args.slow_save:
+        trainer.accelerator.register_save_state_pre_hook(slow_first_save(args.slow_save))
     if args.facts:
         record_facts(trainer, args.facts)
     module = Net(args.one_tensor)

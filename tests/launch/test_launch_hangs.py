@@ -1,0 +1,53 @@
+"""The hang watchdog (fittrain/distributed/watchdog.py) with real workers under `fittrain launch`:
+a rank that stops (SIGSTOP) mid-epoch ends the job within the bound, with a message naming it and
+nothing left running; a save (or other one-off work) on one rank that outlasts the bound is not a hang."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from support.jobs import fittrain_launch, run
+
+pytestmark = pytest.mark.subprocess
+
+#: A short bound keeps the test quick; the default ("auto") is max(60 s, 20 x the median step),
+#: whose arithmetic tests/distributed/test_watchdog.py checks.
+BOUND = 3.0
+#: 96 samples, 2 per process and step: 24 steps an epoch on 2 processes.
+ARGS = ("--samples", "96", "--epochs", "1", "--hang-timeout", str(BOUND))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_stopped_rank_ends_the_job_within_the_bound_naming_it(tmp_path: pathlib.Path) -> None:
+    done = run(fittrain_launch(2, "slurm_train.py", *ARGS, "--project", tmp_path, "--stop-at-step", "6"))
+    stopped = int((tmp_path / "stopped.rank1").read_text())
+    assert done.returncode != 0, done.output[-3000:]
+    assert "rank 0 waited" in done.output and f"rank 1 (pid {stopped} on" in done.output, done.output[-3000:]
+    assert "stopped answering" in done.output
+    assert not _alive(stopped), "the stopped rank was left behind"
+    # The bound, the staleness of the heartbeat (3 periods of BOUND/4) and the launcher's teardown; the
+    # 30-minute collective timeout or torchrun's 30 s wait for a stopped worker would far exceed it.
+    stopped_at = (tmp_path / "stopped.rank1").stat().st_mtime
+    assert done.ended_at - stopped_at < 25, f"the job ended {done.ended_at - stopped_at:.0f} s after rank 1 stopped"
+
+
+@pytest.mark.parametrize("slow", [("--checkpoint-every", "8", "--slow-save"), ("--slow-batch-end",)],
+                         ids=["a save", "work at the end of a step, with no collective"])
+def test_slow_work_on_one_rank_outside_the_step_is_not_a_hang(tmp_path: pathlib.Path, slow: tuple[str, ...]) -> None:
+    # Rank 0 waits beyond the bound (in the save's barrier, or in the next step's all-reduce) while
+    # rank 1's heartbeats say it is busy outside a step: one-off work keeps the long timeout.
+    done = run(fittrain_launch(2, "slurm_train.py", *ARGS, "--project", tmp_path, *slow, str(4 * BOUND),
+                               "--result", tmp_path / "result.pt"))
+    done.check()
+    assert "stopped answering" not in done.output and "deadlock" not in done.output
+    assert (tmp_path / "result.pt").exists()
