@@ -41,6 +41,10 @@ examples:
       --main_process_ip 10.0.0.1 --main_process_port 29500 train.py
       the first of two machines with eight processes each; run the same line on the
       second machine with --node_rank 1
+  fittrain launch --nnodes 1:4 --nproc_per_node 8 --rdzv_backend c10d \\
+      --rdzv_endpoint node-0:29400 --rdzv_id job-42 --max_restarts 3 train.py
+      an elastic job, the same line on every machine: it goes on with 1 to 4 machines,
+      and with resume_from='auto' from the newest checkpoint after a restart
   fittrain launch --config_file default_config.yaml train.py
       the processes, strategy and precision that `accelerate config` wrote; flags win
   srun --ntasks-per-node=1 fittrain launch train.py
@@ -83,8 +87,12 @@ def _add_launch_parser(subparsers: argparse._SubParsersAction) -> None:
                              "given here win over its values")
     launch.add_argument("--num_processes", type=int, default=None, metavar="N",
                         help="total number of processes across all machines (default: one per GPU, or 1)")
-    launch.add_argument("--nnodes", "--num_machines", dest="nnodes", type=int, default=None, metavar="M",
-                        help="number of machines taking part (default: 1, or SLURM's node count)")
+    launch.add_argument("--nproc_per_node", type=int, default=None, metavar="N",
+                        help="processes on this machine (torchrun's name; instead of --num_processes, which "
+                             "counts all machines' and needs a fixed --nnodes)")
+    launch.add_argument("--nnodes", "--num_machines", dest="nnodes", default=None, metavar="M|MIN:MAX",
+                        help="number of machines taking part (default: 1, or SLURM's node count); MIN:MAX "
+                             "with --rdzv_backend c10d: an elastic job that goes on with MIN to MAX machines")
     launch.add_argument("--node_rank", "--machine_rank", dest="node_rank", type=int, default=None, metavar="R",
                         help="rank of this machine, from 0 to nnodes-1 (default: 0, or SLURM_NODEID)")
     launch.add_argument("--main_process_ip", default=None, metavar="IP",
@@ -167,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _processes_per_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Checks the process layout and splits the total over the machines (parser.error on bad input)."""
+    if args.nproc_per_node is not None:
+        if args.num_processes is not None:
+            parser.error(f"--num_processes and --nproc_per_node both set the number of processes. Received: "
+                         f"--num_processes {args.num_processes} --nproc_per_node {args.nproc_per_node}. Pass one: "
+                         "--num_processes counts every machine's, --nproc_per_node this machine's.")
+        if args.nproc_per_node < 1:
+            parser.error(f"--nproc_per_node must be at least 1. Received: --nproc_per_node {args.nproc_per_node}.")
+        return args.nproc_per_node
     # Without --num_processes every machine runs one process per GPU it has (or one).
     total = args.num_processes if args.num_processes is not None else _default_num_processes() * max(args.nnodes, 1)
     if total < 1:
@@ -197,7 +213,8 @@ def torchrun_argv(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         # Fail here once, rather than in every worker after the rendezvous.
         parser.error(f"the training script {args.script!r} does not exist. Received: script={args.script!r}. "
                      "Pass a path to a Python file, or use -m for a module name.")
-    argv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+    nnodes = f"{args.min_nnodes}:{args.nnodes}" if args.min_nnodes != args.nnodes else str(args.nnodes)
+    argv = ["--nnodes", nnodes, "--node-rank", str(args.node_rank),
             "--nproc-per-node", str(_processes_per_node(args, parser))] + _elastic_flags(args, parser)
     if args.rdzv_backend == "c10d":
         endpoint = args.rdzv_endpoint or f"{args.main_process_ip or '127.0.0.1'}:{args.main_process_port or 29500}"
@@ -218,6 +235,15 @@ def _elastic_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         parser.error(f"--monitor_interval must be a positive number of seconds. Received: --monitor_interval "
                      f"{args.monitor_interval}.")
     c10d_only = [f"--{name}" for name in ("rdzv_endpoint", "rdzv_id", "rdzv_conf") if getattr(args, name) is not None]
+    if args.min_nnodes != args.nnodes:
+        if args.rdzv_backend != "c10d":
+            parser.error(f"--nnodes {args.min_nnodes}:{args.nnodes} (an elastic job) needs torchrun's c10d "
+                         f"rendezvous. Received: --rdzv_backend {args.rdzv_backend or 'static'}. Add --rdzv_backend "
+                         "c10d --rdzv_endpoint HOST:PORT, the same on every machine.")
+        if args.num_processes is not None:
+            parser.error(f"--num_processes counts the processes of all machines, which an elastic job "
+                         f"(--nnodes {args.min_nnodes}:{args.nnodes}) does not fix. Received: --num_processes "
+                         f"{args.num_processes}. Pass --nproc_per_node N, the processes of each machine, instead.")
     if c10d_only and args.rdzv_backend != "c10d":
         parser.error(f"{', '.join(c10d_only)} configure a c10d rendezvous. Received: --rdzv_backend "
                      f"{args.rdzv_backend or 'static'}. Add --rdzv_backend c10d, or leave them out.")
@@ -243,6 +269,7 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         launch_config.merge(args, options)
     _fill_from_slurm(args, parser)
     args.nnodes = 1 if args.nnodes is None else args.nnodes
+    args.min_nnodes = args.nnodes if args.min_nnodes is None else args.min_nnodes
     args.node_rank = 0 if args.node_rank is None else args.node_rank
     if args.mixed_precision not in (None, *PRECISIONS):
         parser.error(f"mixed_precision must be one of {', '.join(PRECISIONS)}. Received: {args.mixed_precision!r} "
@@ -251,6 +278,7 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def _check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Checks the numbers given as flags, before a config file or SLURM fills the others (checked there)."""
+    _split_nnodes(args, parser)
     port = args.main_process_port
     if port is not None and not 1 <= port <= launch_config.MAX_PORT:
         parser.error(f"--main_process_port must be a TCP port from 1 to {launch_config.MAX_PORT}. "
@@ -262,6 +290,24 @@ def _check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     if args.gradient_accumulation_steps is not None and args.gradient_accumulation_steps < 1:
         parser.error("--gradient_accumulation_steps must be a positive integer. "
                      f"Received: --gradient_accumulation_steps {args.gradient_accumulation_steps}.")
+
+
+def _split_nnodes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`--nnodes M` or torchrun's elastic `MIN:MAX`: sets `nnodes` (the most machines, an int) and
+    `min_nnodes` (None unless given) on `args` (parser.error on bad input)."""
+    args.min_nnodes = None
+    if args.nnodes is None:
+        return
+    given = str(args.nnodes)
+    low, _, high = given.partition(":")
+    try:
+        least, most = int(low), int(high or low)
+    except ValueError:
+        least = most = 0
+    if not 1 <= least <= most:
+        parser.error(f"--nnodes takes a number of machines, or MIN:MAX for an elastic job, each at least 1 and MIN "
+                     f"at most MAX. Received: --nnodes {given}. For example --nnodes 2, or --nnodes 1:4.")
+    args.nnodes, args.min_nnodes = most, (least if high else None)
 
 
 def _fill_from_slurm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

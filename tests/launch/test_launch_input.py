@@ -48,6 +48,18 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
                                   "--monitor_interval 0.0."),
     (["--rdzv_id", "job7"], "--rdzv_id configure a c10d rendezvous. Received: --rdzv_backend static. Add "
                             "--rdzv_backend c10d"),
+    (["--nnodes", "two"], "--nnodes takes a number of machines, or MIN:MAX for an elastic job, each at least 1 and "
+                          "MIN at most MAX. Received: --nnodes two."),
+    (["--nnodes", "0"], "Received: --nnodes 0."),
+    (["--nnodes", "3:2"], "Received: --nnodes 3:2."),
+    (["--nnodes", "1:2", "--nproc_per_node", "1"], "--nnodes 1:2 (an elastic job) needs torchrun's c10d rendezvous. "
+                                                   "Received: --rdzv_backend static. Add --rdzv_backend c10d"),
+    (["--nnodes", "1:2", "--num_processes", "4", "--rdzv_backend", "c10d"],
+     "an elastic job (--nnodes 1:2) does not fix. Received: --num_processes 4. Pass --nproc_per_node N"),
+    (["--nproc_per_node", "0"], "--nproc_per_node must be at least 1. Received: --nproc_per_node 0."),
+    (["--nproc_per_node", "2", "--num_processes", "4"],
+     "--num_processes and --nproc_per_node both set the number of processes. Received: --num_processes 4 "
+     "--nproc_per_node 2."),
 ])
 def test_bad_flags_are_named_with_their_value(argv: list[str], expected: str, folder: pathlib.Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,4 +170,18 @@ def test_restart_and_rendezvous_flags_reach_torchrun_under_its_names(folder: pat
 
     parsed = torchrun.get_args_parser().parse_args(argv)
     assert (parsed.max_restarts, parsed.rdzv_id, parsed.rdzv_endpoint) == (3, "job7", "10.0.0.1:29400")
+
+
+def test_an_elastic_node_range_reaches_torchrun_with_the_processes_per_machine(folder: pathlib.Path) -> None:
+    args = cli.build_parser().parse_args(
+        ["launch", "--nnodes", "1:4", "--nproc_per_node", "8", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+         "node-0:29400", "train.py"])
+    argv = cli.torchrun_argv(args, args.parser)
+    assert argv[:6] == ["--nnodes", "1:4", "--node-rank", "0", "--nproc-per-node", "8"]
+    from torch.distributed import run as torchrun
+
+    parsed = torchrun.get_args_parser().parse_args(argv)
+    assert (parsed.nnodes, parsed.nproc_per_node, parsed.rdzv_endpoint) == ("1:4", "8", "node-0:29400")
+    config = torchrun.config_from_args(parsed)[0]
+    assert (config.min_nodes, config.max_nodes) == (1, 4)  # torchrun reads the range as elastic
 

@@ -84,17 +84,21 @@ class HoldForSignal(Callback):
 class PauseUntilKilled(Callback):
     """After optimizer step `step`, once per project (until `<project>/restarted` exists): each rank
     writes its pid to `<project>/paused.rank<R>` and waits, for the test to kill one of them, until
-    the launcher stops it (its SIGTERM reaches the Trainer as a preemption request)."""
+    the launcher stops it (its SIGTERM reaches the Trainer as a preemption request) or the test
+    writes `<project>/go` (the job goes on, and finds the killed one missing at its next collective).
+    With `suffix` (several pauses in one job), the files are `paused<suffix>.rank<R>`,
+    `restarted<suffix>` and `go<suffix>`."""
 
-    def __init__(self, step: int, project: pathlib.Path) -> None:
-        self.step, self.project = step, project
+    def __init__(self, step: int, project: pathlib.Path, suffix: str = "") -> None:
+        self.step, self.project, self.suffix = step, project, suffix
 
     def on_train_batch_end(self, trainer: Trainer) -> None:
-        if trainer.state.global_step != self.step or (self.project / "restarted").exists():
+        if trainer.state.global_step != self.step or (self.project / f"restarted{self.suffix}").exists():
             return
-        (self.project / f"paused.rank{trainer.accelerator.process_index}").write_text(str(os.getpid()))
+        rank = trainer.accelerator.process_index
+        (self.project / f"paused{self.suffix}.rank{rank}").write_text(str(os.getpid()))
         deadline = time.monotonic() + HOLD_TIMEOUT
-        while not trainer.preemption.requested:
+        while not trainer.preemption.requested and not (self.project / f"go{self.suffix}").exists():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not stopped within {HOLD_TIMEOUT:.0f}s")
             time.sleep(0.01)
@@ -157,6 +161,7 @@ def main() -> None:
     parser.add_argument("--hold-at-step", type=int)
     parser.add_argument("--checkpoint-every", type=int)
     parser.add_argument("--pause-at-step", type=int, help="wait there to be killed, once (PauseUntilKilled)")
+    parser.add_argument("--pause-at-steps", help="steps to pause at, once each: 10,18 (paused.step<S>...)")
     parser.add_argument("--one-tensor", action="store_true", help="a model with a single parameter tensor")
     parser.add_argument("--stop-at-step", type=int, help="rank 1 stops itself (SIGSTOP) there (StopSelf)")
     parser.add_argument("--slow-save", type=float, help="rank 1's first save takes this many seconds more")
@@ -170,6 +175,8 @@ def main() -> None:
         callbacks.append(HoldForSignal(args.hold_at_step, project))
     if args.pause_at_step:
         callbacks.append(PauseUntilKilled(args.pause_at_step, project))
+    for step in filter(None, (args.pause_at_steps or "").split(",")):
+        callbacks.append(PauseUntilKilled(int(step), project, f".step{step}"))
     if args.stop_at_step:
         callbacks.append(StopSelf(args.stop_at_step, project))
     if args.slow_batch_end:
