@@ -267,6 +267,7 @@ def resolve_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         except (OSError, ValueError, ImportError) as err:
             parser.error(str(err))
         launch_config.merge(args, options)
+    _fill_from_torchrun_env(args, parser)
     _fill_from_slurm(args, parser)
     args.nnodes = 1 if args.nnodes is None else args.nnodes
     args.min_nnodes = args.nnodes if args.min_nnodes is None else args.min_nnodes
@@ -292,11 +293,49 @@ def _check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
                      f"Received: --gradient_accumulation_steps {args.gradient_accumulation_steps}.")
 
 
+#: torchrun reads PET_<FLAG> as the default of --<flag>, and schedulers set them for it (Kubeflow's
+#: PyTorchJob and TrainJob): fittrain launch passes explicit flags, so it reads them the same way.
+_TORCHRUN_ENV = {"PET_NNODES": "nnodes", "PET_NPROC_PER_NODE": "nproc_per_node", "PET_NODE_RANK": "node_rank",
+                 "PET_MASTER_ADDR": "main_process_ip", "PET_MASTER_PORT": "main_process_port",
+                 "PET_RDZV_BACKEND": "rdzv_backend", "PET_RDZV_ENDPOINT": "rdzv_endpoint", "PET_RDZV_ID": "rdzv_id",
+                 "PET_RDZV_CONF": "rdzv_conf", "PET_MAX_RESTARTS": "max_restarts",
+                 "PET_MONITOR_INTERVAL": "monitor_interval"}
+_TORCHRUN_ENV_TYPES = {"node_rank": int, "nproc_per_node": int, "main_process_port": int, "max_restarts": int,
+                       "monitor_interval": float}
+
+
+def _fill_from_torchrun_env(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills the options that neither flags nor a config file gave from torchrun's PET_ variables
+    (parser.error on a value torchrun could not read either)."""
+    used = []
+    for variable, name in _TORCHRUN_ENV.items():
+        value = os.environ.get(variable)
+        if value is None or getattr(args, name) is not None:
+            continue
+        if name == "nproc_per_node" and value in ("gpu", "cpu", "auto"):  # torchrun's "one per device"
+            continue
+        kind = _TORCHRUN_ENV_TYPES.get(name, str)
+        try:
+            setattr(args, name, kind(value))
+        except ValueError:
+            parser.error(f"{variable}={value!r} in the environment (torchrun's default for --{name}) is not "
+                         f"{'a whole number' if kind is int else 'a number'}. Fix or unset {variable}, or pass "
+                         f"--{name}.")
+        used.append(f"{variable}={value}")
+    if args.rdzv_backend not in (None, *launch_config.RDZV_BACKENDS):
+        parser.error(f"PET_RDZV_BACKEND={args.rdzv_backend!r} in the environment names a rendezvous fittrain launch "
+                     f"does not run. Use one of {', '.join(launch_config.RDZV_BACKENDS)}.")
+    if used:
+        _split_nnodes(args, parser)  # PET_NNODES may be a MIN:MAX range
+        print(f"fittrain launch: from torchrun's environment: {' '.join(used)}", file=sys.stderr, flush=True)
+
+
 def _split_nnodes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`--nnodes M` or torchrun's elastic `MIN:MAX`: sets `nnodes` (the most machines, an int) and
-    `min_nnodes` (None unless given) on `args` (parser.error on bad input)."""
-    args.min_nnodes = None
-    if args.nnodes is None:
+    `min_nnodes` (None unless a range was given) on `args` (parser.error on bad input); a number
+    already split is left as it is."""
+    args.min_nnodes = getattr(args, "min_nnodes", None)
+    if not isinstance(args.nnodes, str):
         return
     given = str(args.nnodes)
     low, _, high = given.partition(":")

@@ -185,3 +185,44 @@ def test_an_elastic_node_range_reaches_torchrun_with_the_processes_per_machine(f
     config = torchrun.config_from_args(parsed)[0]
     assert (config.min_nodes, config.max_nodes) == (1, 4)  # torchrun reads the range as elastic
 
+
+
+def test_torchrun_environment_fills_what_flags_do_not_give(folder: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Kubeflow's PyTorchJob and TrainJob set torchrun's PET_ variables for each pod; fittrain launch
+    passes explicit flags to torchrun, so it must read them as torchrun does (flags still win)."""
+    for name, value in {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
+                        "PET_MASTER_ADDR": "trainjob-node-0-0.trainjob", "PET_MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(name, value)
+    args = cli.build_parser().parse_args(["launch", "--max_restarts", "2", "train.py"])
+    argv = cli.torchrun_argv(args, args.parser)
+    assert argv == ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "4", "--max-restarts", "2",
+                    "--master-addr", "trainjob-node-0-0.trainjob", "--master-port", "29400", "train.py"]
+    assert "from torchrun's environment: PET_NNODES=2 PET_NPROC_PER_NODE=4 PET_NODE_RANK=1" in capsys.readouterr().err
+
+    args = cli.build_parser().parse_args(["launch", "--nproc_per_node", "2", "--node_rank", "0", "train.py"])
+    assert cli.torchrun_argv(args, args.parser)[:6] == ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2"]
+
+
+def test_an_elastic_range_from_the_environment_keeps_its_minimum(folder: pathlib.Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"PET_NNODES": "1:3", "PET_NPROC_PER_NODE": "8", "PET_RDZV_BACKEND": "c10d",
+                        "PET_RDZV_ENDPOINT": "job-master:29400", "PET_MAX_RESTARTS": "5"}.items():
+        monkeypatch.setenv(name, value)
+    args = cli.build_parser().parse_args(["launch", "train.py"])
+    argv = cli.torchrun_argv(args, args.parser)
+    assert argv[:8] == ["--nnodes", "1:3", "--node-rank", "0", "--nproc-per-node", "8", "--max-restarts", "5"]
+    assert argv[-5:] == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "job-master:29400", "train.py"]
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("PET_NPROC_PER_NODE", "four", "PET_NPROC_PER_NODE='four' in the environment (torchrun's default for "
+                                   "--nproc_per_node) is not a whole number. Fix or unset PET_NPROC_PER_NODE"),
+    ("PET_NNODES", "3:1", "Received: --nnodes 3:1."),
+    ("PET_RDZV_BACKEND", "etcd", "PET_RDZV_BACKEND='etcd' in the environment names a rendezvous fittrain launch "
+                                 "does not run. Use one of static, c10d."),
+])
+def test_a_bad_torchrun_variable_is_named(variable: str, value: str, expected: str, folder: pathlib.Path,
+                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(variable, value)
+    assert expected in _refused(["train.py"], capsys)
