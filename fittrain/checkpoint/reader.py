@@ -52,6 +52,10 @@ def _owned(obj: Any) -> Any:
     return map_tensors(torch.Tensor.clone, obj)
 
 
+def _as_is(obj: Any) -> Any:
+    return obj
+
+
 def _is_count(value: Any) -> bool:
     return is_int(value) and value >= 0
 
@@ -314,23 +318,27 @@ class CheckpointReader:
             self._check(path, len(data), crc32(data))
         return data
 
-    def read_tensors(self, name: str) -> dict[str, torch.Tensor]:
+    def read_tensors(self, name: str, owned: bool = True) -> dict[str, torch.Tensor]:
         """Reads a verified safetensors file and returns its tensors, by key, on the CPU.
 
         The file's checksum is checked before safetensors parses it.
 
         Args:
             name: A safetensors file name listed in the manifest.
+            owned: Copy the tensors into memory of their own (see `read_torch`). False leaves them
+                in a memory map of the file, read on first use: for a caller that copies them into
+                live tensors at once and keeps none (a model's load_state_dict), it saves a copy.
 
         Raises:
             CheckpointError: The file is damaged or is not a safetensors file.
         """
+        own = _owned if owned else _as_is
         return self._decode(
-            name, lambda path: _owned(safetensors.torch.load_file(path, device="cpu")),
+            name, lambda path: own(safetensors.torch.load_file(path, device="cpu")),
             "is not a valid safetensors file; load an earlier checkpoint",
         )
 
-    def read_torch(self, name: str) -> Any:
+    def read_torch(self, name: str, owned: bool = True) -> Any:
         """Reads a verified `torch.save` file with ``weights_only=True`` and returns its object.
 
         The file's checksum is checked before it is parsed. Tensors are on the CPU in memory of
@@ -339,6 +347,8 @@ class CheckpointReader:
 
         Args:
             name: A file name listed in the manifest.
+            owned: False leaves the tensors in the memory map, for a caller that makes them its own
+                itself (`restore.own_optimizer_state` copies them into live tensors).
 
         Raises:
             CheckpointError: The file is damaged or holds more than plain tensors and
@@ -346,7 +356,8 @@ class CheckpointReader:
         """
         return self._decode(
             name,
-            lambda path: _owned(torch.load(path, weights_only=True, map_location="cpu", mmap=_MMAP)),
+            lambda path: (_owned if owned else _as_is)(torch.load(path, weights_only=True, map_location="cpu",
+                                                                  mmap=_MMAP)),
             "was refused: it is not a plain-tensor file that torch.load(weights_only=True) "
             "accepts, so it was never executed. Save only tensors, numbers, strings, lists "
             "and dicts",

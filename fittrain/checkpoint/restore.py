@@ -12,6 +12,8 @@ import contextlib
 import pathlib
 from typing import Any, Callable, Iterator, Sequence
 
+import torch
+
 from fittrain.checkpoint import checks
 from fittrain.checkpoint.errors import CheckpointError, CheckpointMismatchError
 from fittrain.checkpoint.reader import CheckpointReader
@@ -26,6 +28,7 @@ from fittrain.checkpoint.sharded import (
     split_tensors,
 )
 from fittrain.checkpoint.snapshot import META_NAME, StateParts, indexed_name
+from fittrain.common.nested import map_tensors
 
 
 def _require(reader: CheckpointReader, name: str, what: str) -> None:
@@ -156,8 +159,10 @@ def read_state(reader: CheckpointReader, parts: StateParts, rank: int,
             _require(reader, name, f"a matching entry among its {kind}")
     loaded = {
         "shards": shards,
-        "models": [reader.read_tensors(n) for n in names["models"]],
-        "optimizers": [reader.read_torch(n) for n in names["optimizers"]],
+        # Left in the files' memory maps: a model's load copies them into its parameters, and
+        # `own_optimizer_state` copies an optimizer's into its live state where it has one.
+        "models": [reader.read_tensors(n, owned=False) for n in names["models"]],
+        "optimizers": [reader.read_torch(n, owned=False) for n in names["optimizers"]],
         "schedulers": [reader.read_torch(n) for n in names["schedulers"]],
         "custom": [reader.read_torch(n) for n in names["custom"]],
         "scaler": reader.read_torch("scaler.pt") if reader.has("scaler.pt") else {},
@@ -257,5 +262,28 @@ def apply_state(loaded: dict[str, Any], parts: StateParts, load_model: Callable[
     for i, state_dict in enumerate(loaded["models"]):
         load_model(i, state_dict)
     for i, state in enumerate(loaded["optimizers"]):
-        load_optimizer(i, state)
+        load_optimizer(i, own_optimizer_state(parts.optimizers[i], state))
     restore_rng_state(loaded["rng"])
+
+
+def own_optimizer_state(optimizer: Any, saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved`, an optimizer state dict whose tensors are still in the file's memory map, with every
+    tensor in memory of its own, so that no live optimizer keeps a checkpoint file mapped.
+
+    A tensor is copied into the live optimizer's state tensor of the same parameter (by index) and
+    key where that one is a plain CPU tensor of the same shape and dtype, as on a reload in the same
+    process: no new memory is allocated and touched. Any other tensor is cloned.
+    """
+    live = getattr(optimizer, "optimizer", optimizer).state_dict()["state"]  # the live tensors, not copies
+    reused: set[int] = set()
+    for index, entry in (saved.get("state") or {}).items():
+        current = live.get(index) if type(index) is int else None
+        if not (isinstance(entry, dict) and isinstance(current, dict)):
+            continue
+        for key, value in entry.items():
+            target = current.get(key)
+            if (type(value) is torch.Tensor and type(target) is torch.Tensor and target.device == value.device
+                    and target.shape == value.shape and target.dtype == value.dtype):
+                entry[key] = target.copy_(value)
+                reused.add(id(target))
+    return map_tensors(lambda t: t if id(t) in reused else t.clone(), saved)

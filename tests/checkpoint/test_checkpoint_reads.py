@@ -428,6 +428,34 @@ def test_loaded_state_keeps_no_checkpoint_file_mapped(saved):
     assert reader.read_tensors("model.safetensors")["0.weight"].ne(weights["0.weight"]).all()
 
 
+def _optimizer_tensors(run: Run) -> dict[tuple[int, str], torch.Tensor]:
+    state = run.opt.optimizer.state_dict()["state"]
+    return {(i, key): value for i, entry in state.items() for key, value in entry.items()}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_reload_copies_the_optimizer_state_into_its_live_tensors(saved):
+    """A load in the same process (a roll-back) reuses the optimizer's state tensors: no new memory,
+    and the values are the saved ones; a fresh optimizer gets copies of its own. Neither keeps the
+    checkpoint file mapped (`test_loaded_state_keeps_no_checkpoint_file_mapped`)."""
+    run, folder = saved
+    before = {key: (t.data_ptr(), t.clone()) for key, t in _optimizer_tensors(run).items()}
+    run.acc.load_state(folder)
+    after = _optimizer_tensors(run)
+    assert {key: t.data_ptr() for key, t in after.items()} == {key: ptr for key, (ptr, _) in before.items()}
+    reference = CheckpointReader(folder).read_torch("optimizer.pt")["state"]
+    for (i, key), tensor in after.items():
+        assert torch.equal(tensor, reference[i][key]), (i, key)
+        if key == "exp_avg":
+            assert not torch.equal(tensor, before[(i, key)][1])  # two steps past the checkpoint: it changed
+
+    fresh = Run(seed=1)  # no step yet: an optimizer without state
+    fresh.acc.load_state(folder)
+    for (i, key), tensor in _optimizer_tensors(fresh).items():
+        assert torch.equal(tensor, reference[i][key]) and tensor.data_ptr() != after[(i, key)].data_ptr()
+    assert mapped_files_under(folder) == []
+
+
 # ------------------------------------------------------------------ 5. a folder pruned while it is read
 @pytest.mark.parametrize("read", ["verify", "read_tensors", "read_torch", "read_json"])
 def test_a_folder_renamed_away_mid_read_is_deleted_not_damaged(saved, read):

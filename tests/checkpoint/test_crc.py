@@ -7,6 +7,7 @@ damage would pass). Each result is compared with zlib.crc32 of the same bytes in
 
 from __future__ import annotations
 
+import mmap
 import os
 import pathlib
 import random
@@ -27,13 +28,14 @@ def test_combine_equals_the_crc_of_the_concatenation() -> None:
             assert crc.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b), (first, second)
 
 
-@pytest.mark.parametrize("size", [0, 1, 1000, 4096 * 3 + 5, 100_003])
+@pytest.mark.parametrize("size", [0, 1, 1000, 4096 * 3 + 5, 100_003, 300_007])
 @pytest.mark.parametrize("cores", [1, 2, 3, 8])
 def test_file_checksum_in_parts_equals_zlib(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                             size: int, cores: int) -> None:
-    # Small thresholds, so that small files are read in as many parts as there are cores (up to 4).
+    # Small thresholds, so that small files are read in as many parts as there are cores (up to 4),
+    # each part mapped in several windows.
     monkeypatch.setattr(crc, "PARALLEL_MIN_BYTES", 1000)
-    monkeypatch.setattr(crc, "_READ_CHUNK", 4096)
+    monkeypatch.setattr(crc, "_MAP_WINDOW", mmap.ALLOCATIONGRANULARITY)
     monkeypatch.setattr(crc, "_cores", lambda: cores)
     data = random.Random(size).randbytes(size)
     path = tmp_path / "file.bin"
