@@ -152,10 +152,13 @@ class Checkpointing:
 
         Args:
             output_dir: The folder to write; None with automatic naming.
-            async_save: Copy the state to CPU memory and write the files on a background thread,
-                returning as soon as the copy is taken. The folder appears (and pruning happens)
-                when the write is done; `wait_for_checkpoint()` waits for it. The CPU copy is
-                kept for the next async save to reuse. Every process must pass the same value.
+            async_save: Write the files on a background thread and return at once. What changes
+                outside optimizer steps is copied at the call; the parameters and optimizer
+                state are copied to CPU memory by that thread, and the next optimizer step waits
+                for it (an in-place change by other means before then fails the save). The folder
+                appears (and pruning happens) when the write is done; `wait_for_checkpoint()`
+                waits for it. The CPU copy is kept for the next async save to reuse. Every process
+                must pass the same value.
 
         Returns:
             The folder written (or being written, with `async_save`).
@@ -188,7 +191,11 @@ class Checkpointing:
             # Collectives (FSDP2's gathering) run here, on this thread, before any background write.
             parts = self._state_parts()
             staging = self._run_save_hooks(parts)
-            snapshot = capture_state(parts, self.state.process_index, self.state.is_main_process, stage)
+            snapshot = capture_state(parts, self.state.process_index, self.state.is_main_process, stage,
+                                     self._parameter_storage() if async_save else None)
+            if async_save:  # parameters and optimizer state are copied on the writing thread
+                snapshot.fill = self.background.fill
+                self.background.guard(self.prepared.optimizers)
             prune = config.prune if config.automatic_checkpoint_naming and self.state.is_main_process else None
 
             def write(barrier: Callable[[], None], group: Any = None) -> None:
@@ -207,6 +214,15 @@ class Checkpointing:
                 reserved.release()  # does nothing once the folder is committed
             raise
         return os.fspath(target)
+
+    def _parameter_storage(self) -> Callable[[torch.Tensor], bool]:
+        """Whether a tensor is (a view of) a prepared model's parameter, this rank's shard of one under
+        FSDP2: what only an optimizer step changes, unlike a buffer, which forward passes update."""
+        def local(p: torch.Tensor) -> torch.Tensor:
+            return p.to_local() if hasattr(p, "to_local") else p
+
+        storages = {local(p).untyped_storage().data_ptr() for m in self.prepared.models for p in m.parameters()}
+        return lambda tensor: tensor.untyped_storage().data_ptr() in storages
 
     def _sharded_states(self, models: int) -> dict[str, Any]:
         """This rank's own shards of the first `models` models and of every optimizer (no gathering)."""

@@ -106,10 +106,14 @@ class StateSnapshot:
     scaler: dict[str, Any] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     sharded: dict[str, Any] | None = None
+    #: Makes the copies a staged capture deferred (`background.StagingBuffers.fill`); the writing
+    #: thread calls it before it writes anything. None when every tensor was copied at the call.
+    fill: Callable[[], None] | None = None
 
 
 def capture_state(parts: StateParts, rank: int, is_main_process: bool,
-                  stage: Callable[[Any], Any] | None = None) -> StateSnapshot:
+                  stage: Callable[..., Any] | None = None,
+                  stable: Callable[[torch.Tensor], bool] | None = None) -> StateSnapshot:
     """Reads every piece of state one checkpoint holds, RNG first, into a `StateSnapshot`.
 
     Args:
@@ -120,6 +124,9 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
             CPU, so that training may keep mutating the live tensors in place while the snapshot
             is written (`background.StagingBuffers.copy`). Without it the snapshot shares
             the live tensors (no copy, no extra memory) and must be written before training continues.
+        stable: With `stage`: whether a model tensor changes only in optimizer steps (a parameter,
+            not a buffer that forward passes update). Those, and every optimizer's per-parameter
+            state, are staged later, on the writing thread (`stage(obj, later)`).
 
     Returns:
         The snapshot, ready for `write_snapshot`.
@@ -128,7 +135,19 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
     # Loader states are small and may share containers with live iterators: always copy them.
     data = [copy.deepcopy(dl.state_dict()) for dl in parts.dataloaders]
     own = stage or _same
-    sharded = None if parts.sharded is None else own(parts.sharded)
+    if stage is not None and stable is not None:
+        def own_model(state: Any) -> Any:
+            return stage(state, stable)
+
+        def own_optimizer(state: Any) -> Any:  # its "state" changes only in steps; the groups, with a scheduler
+            if not isinstance(state, dict):
+                return stage(state)
+            return {key: stage(value, _always) if key == "state" else stage(value) for key, value in state.items()}
+    else:
+        own_model = own_optimizer = own
+    sharded = None if parts.sharded is None else {
+        name: (own_optimizer if name.startswith("optimizer_") else own_model)(value)
+        for name, value in parts.sharded.items()}
     if not is_main_process:
         return StateSnapshot(rank, False, rng, data, sharded=sharded)
     # The main process's positions, readable without torch (the full states are in data_states_*).
@@ -136,8 +155,8 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
     meta = dict(parts.accelerator_state, dataloaders=positions)
     return StateSnapshot(
         rank, True, rng, data,
-        models=[own(state_dict) for state_dict in parts.model_state_dicts],
-        optimizers=[own(state) for state in parts.optimizer_state_dicts],
+        models=[own_model(state_dict) for state_dict in parts.model_state_dicts],
+        optimizers=[own_optimizer(state) for state in parts.optimizer_state_dicts],
         schedulers=[own(sched.state_dict()) for sched in parts.schedulers],
         custom=[own(obj.state_dict()) for obj in parts.custom],
         scaler=own(parts.precision.state_dict()), meta=own(meta), sharded=sharded)
@@ -145,6 +164,10 @@ def capture_state(parts: StateParts, rank: int, is_main_process: bool,
 
 def _same(obj: Any) -> Any:
     return obj
+
+
+def _always(tensor: torch.Tensor) -> bool:
+    return True
 
 
 def write_snapshot(writer: CheckpointWriter, snapshot: StateSnapshot) -> None:
@@ -183,6 +206,8 @@ def write_checkpoint(folder: pathlib.Path, snapshot: StateSnapshot, barrier: Cal
     """
     with atomic_checkpoint(folder, is_main_process=snapshot.is_main_process, barrier=barrier,
                            reserved=reserved) as writer:
+        if snapshot.fill is not None:  # inside: a fill that fails leaves nothing, as a failed write
+            snapshot.fill()
         write_snapshot(writer, snapshot)
         if snapshot.sharded is not None:  # a collective: every rank writes its shards, DCP synchronises them
             write_shards(writer.path, snapshot.sharded, snapshot.is_main_process, writer, group)

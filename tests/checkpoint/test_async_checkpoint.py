@@ -72,12 +72,12 @@ class Run:
                 "position": self.loader.state_dict(), "rng": torch.get_rng_state()}
 
     def mutate(self) -> None:
-        """What training does to the live objects right after a save, all of it in place."""
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.add_(1.0)
-            for s in self.opt.state.values():
-                s["exp_avg"].add_(1.0)
+        """What training does to the live objects right after a save, all of it in place: an
+        optimizer step changes the parameters and the optimizer's state (the only in-place change
+        to them that an async save allows before its copy is made: the step waits for it)."""
+        for p in self.model.parameters():
+            p.grad = torch.ones_like(p)
+        self.opt.step()
         self.history.losses.append(123.0)
         self.sched.step()
         torch.rand(3)  # moves the RNG
@@ -148,6 +148,78 @@ def test_training_after_the_call_does_not_leak_into_the_checkpoint(tmp_path, gat
     assert run.state()["losses"] != before["losses"]
     run.acc.load_state(tmp_path / "ckpt")
     _assert_same_state(run.state(), before)
+
+
+@pytest.fixture
+def held_copy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """Holds the writing thread before it copies the parameters and optimizer state that an async
+    save copies there (`BackgroundCheckpoints.fill`), until the gate is set."""
+    from fittrain.checkpoint.background import BackgroundCheckpoints
+
+    event, original = Gate(), BackgroundCheckpoints.fill
+
+    def held(self):  # type: ignore[no-untyped-def]
+        event.reached.set()
+        if not event.wait(timeout=60):
+            raise TimeoutError("the test never opened the gate")
+        original(self)
+
+    monkeypatch.setattr(BackgroundCheckpoints, "fill", held)
+    yield event
+    event.set()
+
+
+def test_the_next_optimizer_step_waits_for_the_background_copy(tmp_path, held_copy):
+    run = Run()
+    run.train(3)
+    before = run.state()
+    run.acc.save_state(tmp_path / "ckpt", async_save=True)
+    assert held_copy.reached.wait(timeout=60)
+    stepped = threading.Event()
+    stepper = threading.Thread(target=lambda: (run.mutate(), stepped.set()))
+    stepper.start()
+    # The step waits while the copy is held (however long: nothing here depends on how long).
+    assert not stepped.wait(timeout=0.5)
+    held_copy.set()
+    stepper.join(timeout=60)
+    assert stepped.is_set()
+    run.acc.wait_for_checkpoint()  # no error: nothing changed before the copy
+    run.acc.load_state(tmp_path / "ckpt")
+    _assert_same_state(run.state(), before)
+
+
+def test_a_parameter_changed_in_place_before_the_copy_fails_the_save_by_name(tmp_path, held_copy):
+    run = Run()
+    run.train(2)
+    run.acc.save_state(tmp_path / "ckpt", async_save=True)
+    assert held_copy.reached.wait(timeout=60)
+    with torch.no_grad():
+        next(run.model.parameters()).mul_(2.0)  # not an optimizer step: nothing waits for the copy
+    held_copy.set()
+    with pytest.raises(RuntimeError, match=r"1 parameter or optimizer-state tensor\(s\) were changed in place "
+                                           r"after save_state\(async_save=True\) returned"):
+        run.acc.wait_for_checkpoint()
+    assert not (tmp_path / "ckpt").exists() and _hidden_entries(tmp_path) == []
+    run.acc.save_state(tmp_path / "again", async_save=True)  # the next save is unaffected
+    run.acc.wait_for_checkpoint()
+    assert (tmp_path / "again" / "manifest.json").exists()
+
+
+def test_a_buffer_that_forward_passes_update_is_copied_at_the_call(tmp_path, held_copy):
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True)
+    model, optimizer = acc.prepare(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)),
+                                   torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    model(torch.randn(8, 4))
+    at_call = model[1].running_mean.clone()
+    acc.save_state(tmp_path / "ckpt", async_save=True)
+    assert held_copy.reached.wait(timeout=60)
+    model(torch.randn(8, 4) + 5)  # updates running_mean in place: allowed, it was copied at the call
+    assert not torch.equal(model[1].running_mean, at_call)
+    held_copy.set()
+    acc.wait_for_checkpoint()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(model[1].running_mean, at_call)
 
 
 def test_the_folder_appears_only_when_the_write_is_complete(tmp_path, gate):
