@@ -63,6 +63,8 @@ CASES = [
     pytest.param(Case("checkpoint", ("--fsdp-table", "--sizes", "1", "--processes", "2", "--rounds", "1"), True,
                       ("1 | 2",)), id="checkpoint-fsdp-table"),
     pytest.param(Case("ddp", ("--steps", "4", "--rounds", "1"), False), id="ddp"),
+    pytest.param(Case("fault_tolerance", ("--scenarios", "worker", "--steps", "120", "--every", "20", "--kill-at",
+                                          "60"), True, ("worker killed",)), id="fault_tolerance"),
     pytest.param(Case("gpu", ("--device", "cpu", "--quick"), True), id="gpu-on-cpu"),
     pytest.param(Case("compile", ("--smoke",), True, ("Trainer, compiled",)), id="compile"),
     pytest.param(Case("startup", ("--rounds", "1", "--warmup", "0", "--steps", "2", "--explain", "always"), True,
