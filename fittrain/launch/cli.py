@@ -408,6 +408,11 @@ def _run_launch(args: argparse.Namespace) -> int:
     argv = torchrun_argv(args, args.parser)
     # Inherited by every worker torchrun starts; the guard makes the workers die with this process.
     os.environ.update({**launch_config.worker_environment(args), **launch_guard.launcher_environment()})
+    if args.min_nnodes != args.nnodes:
+        # torch's c10d rendezvous shares its store with the workers and publishes that store's address
+        # only in a launcher's first round: a launcher that joins a running elastic job waits for it
+        # until it times out, and the job cannot grow. Without sharing, every round publishes it.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     forwarded = launcher_signals()  # SIGUSR1 (SLURM's --signal=USR1@90) and SIGTERM: the workers save
     try:
         with forwarding_to_workers(forwarded):

@@ -1,5 +1,6 @@
 """An elastic job on two "machines": two `fittrain launch` launchers on this machine meet at a c10d
 rendezvous on localhost (`--nnodes 1:2 --nproc_per_node 1 --max_restarts 3`), one process each.
+It shrinks (below) and grows (`test_an_elastic_job_grows_when_a_launcher_joins`).
 
 One job goes through both of torchrun's recoveries:
 
@@ -113,3 +114,39 @@ def test_an_elastic_job_survives_a_killed_worker_then_a_lost_launcher(tmp_path: 
     want, got = torch.load(expected, weights_only=True), torch.load(result, weights_only=True)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), "the elastic run differs from the reference bitwise"
+
+
+def test_an_elastic_job_grows_when_a_launcher_joins(tmp_path: pathlib.Path) -> None:
+    """One launcher starts alone (after `last_call_timeout=1`); a second one joins after step 10.
+    torchrun stops the running worker with SIGTERM, on which the Trainer saves a checkpoint at that
+    step, and the two go on together from it: the same final weights, bitwise, as a 2-process run
+    resumed from that checkpoint. (With torch's shared rendezvous store the joining launcher would
+    wait for its address until it timed out: `fittrain launch` turns the sharing off for a range.)"""
+    project, result = tmp_path / "job", tmp_path / "result.pt"
+    port = free_port()
+    conf = "last_call_timeout=1,join_timeout=120"
+    command = _without_num_processes(fittrain_launch(
+        1, "slurm_train.py", *ARGS, "--project", project, "--result", result, "--pause-at-steps", "10",
+        launch_args=("--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                     "--rdzv_id", "growing", "--rdzv_conf", conf, "--max_restarts", "3", "--monitor_interval", "0.5")))
+    first = Job(command, port_retry=False)
+    try:
+        _wait_for([project / "paused.step10.rank0"], first)  # training alone, held after step 10
+        (project / "restarted.step10").touch()
+        second = Job(command, port_retry=False)
+        try:
+            done = first.wait(expect=0)
+            second.wait(expect=0)
+        finally:
+            second.kill_group()
+    finally:
+        first.kill_group()
+    (run_folder,) = (project / "checkpoints").iterdir()
+    # checkpoint_0 and _1 at steps 4 and 8, then the save on torchrun's SIGTERM at step 10.
+    assert "checkpoint_2: epoch 0, optimizer step 10" in done.output, done.output[-4000:]
+    assert "optimizer step 10, 5 batches into the epoch" in done.output  # 20 samples: 5 batches of 2 x 2
+    expected = tmp_path / "expected.pt"
+    run(fittrain_launch(2, "slurm_train.py", "--samples", "48", "--project", tmp_path / "grown",
+                        "--resume", run_folder / "checkpoint_2", "--result", expected)).check()
+    want, got = torch.load(expected, weights_only=True), torch.load(result, weights_only=True)
+    assert all(torch.equal(got[k], want[k]) for k in want), "the grown run differs from the reference bitwise"
