@@ -193,6 +193,8 @@ class HangWatchdog(StepWindow):
     def _watch(self) -> None:
         seq, last = 0, (0, time.monotonic())
         seen: dict[int, tuple[str, float]] = {}  # peer -> (its last heartbeat, when it changed)
+        stale_after = STALE_PERIODS * self.period
+        watching = 0.0  # when this rank began reading its peers' heartbeats in the current wait
         while not self._stop.wait(self.period):
             now, began, steps = time.monotonic(), self.began, self.steps
             if steps > last[0]:  # the step time: elapsed over steps done since the last beat
@@ -203,11 +205,13 @@ class HangWatchdog(StepWindow):
             if began is None or now - began < self.period:
                 seen.clear()  # peers are read only while this rank waits in a step
                 continue
+            watching = watching if seen else now
             peers = self._read_peers(seen, now)
             bound = self.bound()
-            if bound is None or now - began < bound or self.began != began:
+            # A verdict needs the peers watched long enough to tell a stopped one (silent) from one
+            # alive in its step (beating): a thread starved until past the bound must not guess.
+            if bound is None or now - began < bound or self.began != began or now - watching < stale_after:
                 continue
-            stale_after = STALE_PERIODS * self.period
             message = find_hang(self.rank, steps, now - began, bound, peers, stale_after)
             if message is not None:
                 self.on_hang(message, [p for p in peers if p.silent_for >= stale_after and p.phase != LEFT])

@@ -105,6 +105,22 @@ def test_the_watchdog_names_a_peer_whose_heartbeat_froze() -> None:
     assert store.get("rank0").decode().split(" ")[2] == LEFT  # what its peers read once it closed
 
 
+def test_a_watchdog_first_reading_its_peers_past_the_bound_still_tells_stopped_from_deadlocked() -> None:
+    """A thread starved until long after the bound (a busy machine) reads its peers for the first
+    time then: it must watch them for the stale period before a verdict, not call a peer whose
+    heartbeat it has not had the time to see change "alive in a deadlock"."""
+    store, verdicts = dist.HashStore(), _Verdicts()
+    store.set("rank1", "7 3 step 4242 node-b")  # frozen
+    watchdog = HangWatchdog(store, 0, 2, timeout=0.4, on_hang=verdicts)
+    try:
+        _in_long_step(watchdog)
+        watchdog.began = time.monotonic() - 30.0  # as if this step had waited 30 s unobserved
+        assert verdicts.event.wait(DEADLINE), "no verdict"
+    finally:
+        watchdog.close()
+    assert "rank 1 (pid 4242 on node-b) stopped answering" in verdicts.messages[0], verdicts.messages[0]
+
+
 def test_the_watchdog_waits_for_a_peer_that_beats_outside_its_step() -> None:
     store, verdicts, done = dist.HashStore(), _Verdicts(), threading.Event()
 
