@@ -41,7 +41,8 @@ LAST_CALL = 10
 
 
 def _elastic(port: int, *script_args: object) -> list[str]:
-    conf = f"last_call_timeout={LAST_CALL},join_timeout=120"
+    # A dead launcher is dropped from the rendezvous after 3 missed keep-alives of 1 s (torch's default: 5 s).
+    conf = f"last_call_timeout={LAST_CALL},join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
     return fittrain_launch(1, "slurm_train.py", *script_args, launch_args=(
         "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "elastic",
         "--rdzv_conf", conf, "--max_restarts", "3", "--monitor_interval", "0.5"))
