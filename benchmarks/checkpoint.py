@@ -55,6 +55,7 @@ import pathlib
 import pstats
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -80,8 +81,7 @@ BYTES_PER_PARAM = 12  # fp32 weights plus AdamW's two fp32 moments
 def build(mb: int) -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
     """A prepared MLP of about `mb` megabytes of weights plus AdamW state, after one step."""
     torch.manual_seed(0)
-    layers = max(1, math.ceil(mb * 1e6 / BYTES_PER_PARAM / (HIDDEN * HIDDEN)))
-    model = nn.Sequential(*[nn.Linear(HIDDEN, HIDDEN) for _ in range(layers)])
+    model = nn.Sequential(*[nn.Linear(HIDDEN, HIDDEN) for _ in range(_layers(mb))])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -370,6 +370,41 @@ def profile(contenders: Contenders, root: pathlib.Path) -> None:
     shutil.rmtree(root / "profiled", ignore_errors=True)
 
 
+def _load_in_a_fresh_process(kind: str, folder: pathlib.Path, mb: int) -> float:
+    """Seconds of one load into a new model and an optimizer without state, in a new process: what a
+    resumed job does (`--fresh-process`). `kind` is "load_state" or "by hand"."""
+    code = ("import sys, time, pathlib, torch; sys.argv = ['x']; from benchmarks import checkpoint as c\n"
+            f"torch.set_num_threads({max(1, os.cpu_count() or 1)}); torch.manual_seed(1)\n"
+            f"acc = c.Accelerator(cpu=True); model = c.nn.Sequential(*[c.nn.Linear(c.HIDDEN, c.HIDDEN) "
+            f"for _ in range({_layers(mb)})])\n"
+            "model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))\n"
+            "contenders = c.Contenders(acc, model, opt)\n"
+            f"load = contenders.load_state if {kind!r} == 'load_state' else contenders.load_by_hand\n"
+            f"start = time.perf_counter(); load(pathlib.Path({str(folder)!r})); print(time.perf_counter() - start)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def _layers(mb: int) -> int:
+    return max(1, math.ceil(mb * 1e6 / BYTES_PER_PARAM / (HIDDEN * HIDDEN)))
+
+
+def run_fresh_process(contenders: Contenders, root: pathlib.Path, repeats: int, mb: int) -> None:
+    """`--fresh-process`: load_state and the by-hand load, each into a new process's fresh model and
+    optimizer (a resumed job), alternating; prints the medians and their ratio."""
+    ours, hand = root / "ours", root / "hand"
+    contenders.save_state(ours)
+    contenders.save_by_hand(hand, fsync=True)
+    times: dict[str, list[float]] = {"load_state": [], "by hand": []}
+    for round_index in range(repeats):
+        for kind in (("load_state", "by hand") if round_index % 2 else ("by hand", "load_state")):
+            times[kind].append(_load_in_a_fresh_process(kind, ours if kind == "load_state" else hand, mb))
+    a, b = statistics.median(times["load_state"]), statistics.median(times["by hand"])
+    print(f"\nLoad into a fresh process (new model, optimizer without state), medians of {repeats} alternating "
+          f"runs: load_state {a:.3f} s, by hand {b:.3f} s: {a / b:.2f}x (target ≤ 1.10x).")
+
+
 def main() -> None:
     if {"--fsdp", "--fsdp-table"} & set(sys.argv[1:]):
         from benchmarks import checkpoint_fsdp
@@ -382,6 +417,8 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
     parser.add_argument("--profile", action="store_true", help="cProfile one save_state and one load_state")
     parser.add_argument("--async-only", action="store_true", help="measure only the async_save stall")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="only the load into a new process (a resumed job), alternating with the by-hand load")
     # Handled above, by benchmarks.checkpoint_fsdp; listed here for --help.
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 on 2 and 4 processes (see `--fsdp --help`)")
     parser.add_argument("--fsdp-table", action="store_true", help="FSDP2 scaling table (see `--fsdp --help`)")
@@ -394,6 +431,9 @@ def main() -> None:
         root = pathlib.Path(tmp)
         if args.profile:
             profile(contenders, root)
+            return
+        if args.fresh_process:
+            run_fresh_process(contenders, root, args.repeats, args.mb)
             return
         if not args.async_only:
             report(run(contenders, root, args.repeats), megabytes)
