@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -153,15 +152,10 @@ def _worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(args: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(_free_port()), os.path.abspath(__file__), "--worker", "--out", str(out), "--steps",
+    # --standalone: torchrun binds a free port itself; one picked here first could be taken meanwhile.
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               os.path.abspath(__file__), "--worker", "--out", str(out), "--steps",
                str(args.steps), "--rounds", str(args.rounds), "--batch", str(args.batch)]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     subprocess.run(command, env=env, check=True, timeout=1800)
