@@ -275,10 +275,6 @@ class BackgroundCheckpoints:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._staged.wait()
 
-    def wait_for_staging(self) -> None:
-        """Blocks until the deferred copies of the snapshot in flight, if any, are made."""
-        self._staged.wait()
-
     def release_buffers(self) -> None:
         """Frees the CPU copy kept for reuse (call when no write is in flight); the next save
         allocates anew."""

@@ -144,7 +144,7 @@ def file_checksum(path: str | os.PathLike[str], expected_size: int | None = None
         return size, 0
     parts = max(1, min(_MAX_PARTS, _cores(), size // PARALLEL_MIN_BYTES))
     # Part boundaries on window boundaries, where a map may start.
-    bounds = sorted({min(size, (size * i // parts) // _MAP_WINDOW * _MAP_WINDOW) for i in range(parts)} | {size})
+    bounds = sorted({(size * i // parts) // _MAP_WINDOW * _MAP_WINDOW for i in range(parts)} | {size})
     parts = len(bounds) - 1
     results: list[tuple[int, int]] = [(0, 0)] * parts
     errors: list[BaseException] = []

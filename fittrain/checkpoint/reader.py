@@ -354,10 +354,10 @@ class CheckpointReader:
             CheckpointError: The file is damaged or holds more than plain tensors and
                 containers. Such a file is refused, and nothing in it is executed.
         """
+        own = _owned if owned else _as_is
         return self._decode(
             name,
-            lambda path: (_owned if owned else _as_is)(torch.load(path, weights_only=True, map_location="cpu",
-                                                                  mmap=_MMAP)),
+            lambda path: own(torch.load(path, weights_only=True, map_location="cpu", mmap=_MMAP)),
             "was refused: it is not a plain-tensor file that torch.load(weights_only=True) "
             "accepts, so it was never executed. Save only tensors, numbers, strings, lists "
             "and dicts",

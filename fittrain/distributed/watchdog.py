@@ -9,10 +9,10 @@ How it works, on every rank of a multi-process fit:
 - The loop marks each training step's window (`begin` and `end`: forward, backward, the optimizer
   step and their collectives; not validation, saves or callbacks' end-of-batch work), two
   attribute stores a step.
-- A daemon thread publishes a heartbeat to the rendezvous store every `period` seconds: a counter,
-  the steps done, and whether the rank is inside a step window.
-- When this rank's current step has run longer than the bound, the thread reads the others'
-  heartbeats and decides (`find_hang`):
+- A daemon thread publishes a heartbeat to the process group's store every `period` seconds: a
+  counter, the steps done, and whether the rank is inside a step window.
+- When this rank's current step has run longer than the bound, and the thread has watched the
+  others' heartbeats for `3 * period` seconds, it decides (`find_hang`):
   - a peer whose heartbeat has not changed for `3 * period` seconds **stopped answering** (its
     whole process is frozen: no thread of it runs);
   - a peer outside a step window is **busy** with a one-off operation (a save, validation, a first
@@ -25,8 +25,8 @@ How it works, on every rank of a multi-process fit:
   `--max_restarts` allows (`resume_from="auto"` continues from the newest checkpoint).
 
 The bound ("auto") is max(60 s, 20 x the median step time), measured after the first
-`ARM_AFTER_STEPS` steps (a first compile is never judged): a tiny model's job ends about
-75 seconds after a rank stops, a slow model's bound grows with its steps.
+`ARM_AFTER_STEPS` steps (a first compile is never judged): a tiny model's job ends 60 to 65
+seconds after a rank stops, a slow model's bound grows with its steps.
 """
 
 from __future__ import annotations
