@@ -97,17 +97,17 @@ def test_an_elastic_job_survives_a_killed_worker_then_a_lost_launcher(tmp_path: 
             second.wait(expect=None)
             (project / f"go.step{LAUNCHER_KILLED_AT}").touch()  # the survivor's next collective fails
             done = first.wait(expect=0)
+            reference.wait(expect=0)
         finally:
             second.kill_group()
     finally:
         first.kill_group()
-        reference.kill_group()
+        reference.kill_group()  # nothing left to end once it was waited for
     assert "resume_from='auto': nothing saved under" in done.output  # the first round started afresh
     assert "checkpoint_1: epoch 0, optimizer step 8, 8 batches into the epoch" in done.output, done.output[-4000:]
     # On one process the 16 samples of epoch 1 that 4 steps of 2 x 2 consumed are 8 batches of 2.
     assert "checkpoint_3: epoch 1, optimizer step 16, 8 batches into the epoch" in done.output, done.output[-4000:]
 
-    reference.wait(expect=0)
     (whole,) = (tmp_path / "whole" / "checkpoints").iterdir()
     expected = tmp_path / "expected.pt"
     run(python_script("slurm_train.py", "--samples", "48", "--project", tmp_path / "switched", "--resume",
