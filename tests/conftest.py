@@ -53,6 +53,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Runs the tests marked `slow` (tens of seconds each) first, in their collected order: under
+    xdist each starts early on some worker while the short tests fill the others, instead of one
+    arriving last and leaving the other workers idle until it ends. Deterministic, as xdist needs:
+    every worker collects the same order."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_started_key] = []
     sys.addaudithook(lambda event, args: _record(config, event, args))
