@@ -43,6 +43,7 @@ import statistics
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -268,8 +269,14 @@ def watch_steps(timeout: float | str | None, rank: int, world_size: int) -> Step
     # A client of its own, whose calls give up within a period or two: a store hosted by a stopped
     # rank (a job started without torchrun) must not hang the watchdog too. torch has no public
     # getter for the group's store.
-    store = distributed_c10d._get_default_store().clone()
-    store.set_timeout(datetime.timedelta(seconds=max(1.0, heartbeat_period(timeout))))
+    try:
+        store = distributed_c10d._get_default_store().clone()
+        store.set_timeout(datetime.timedelta(seconds=max(1.0, heartbeat_period(timeout))))
+    except Exception as err:  # a private API: if torch changes it, train on, without the watchdog
+        warnings.warn(f"fittrain: hang detection is off for this fit: the process group's store could not be "
+                      f"reached ({type(err).__name__}: {err}). A rank that hangs will be waited for until the "
+                      "collective timeout. Pass Trainer(hang_timeout=None) to silence this.", stacklevel=3)
+        return StepWindow()
     prefix = f"/fittrain/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     return HangWatchdog(PrefixStore(prefix, store), rank, world_size, timeout)
 

@@ -145,6 +145,19 @@ def test_the_watchdog_waits_for_a_peer_that_beats_outside_its_step() -> None:
         peer.join(timeout=DEADLINE)
 
 
+def test_without_a_reachable_store_a_fit_trains_on_unwatched_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed import distributed_c10d
+
+    def unreachable() -> None:
+        raise RuntimeError("no default store")
+
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", unreachable)
+    with pytest.warns(UserWarning, match=r"hang detection is off for this fit: the process group's store could not be "
+                                         r"reached \(RuntimeError: no default store\)"):
+        window = watch_steps(AUTO, 0, 2)
+    assert type(window) is StepWindow
+
+
 def test_one_process_has_nothing_to_watch() -> None:
     window = watch_steps(AUTO, 0, 1)
     assert type(window) is StepWindow
