@@ -40,12 +40,19 @@ WORKER_KILLED_AT, LAUNCHER_KILLED_AT = 10, 18
 LAST_CALL = 10
 
 
-def _elastic(port: int, *script_args: object) -> list[str]:
+def _elastic(port: int, *script_args: object, last_call: float = LAST_CALL) -> list[str]:
+    """One launcher of the elastic job (one process, `--nnodes 1:2`) running slurm_train.py."""
     # A dead launcher is dropped from the rendezvous after 3 missed keep-alives of 1 s (torch's default: 5 s).
-    conf = f"last_call_timeout={LAST_CALL},join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
-    return fittrain_launch(1, "slurm_train.py", *script_args, launch_args=(
+    conf = f"last_call_timeout={last_call:g},join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
+    return _without_num_processes(fittrain_launch(1, "slurm_train.py", *script_args, launch_args=(
         "--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "elastic",
-        "--rdzv_conf", conf, "--max_restarts", "3", "--monitor_interval", "0.5"))
+        "--rdzv_conf", conf, "--max_restarts", "3", "--monitor_interval", "0.5")))
+
+
+def _assert_same_weights(result: pathlib.Path, expected: pathlib.Path) -> None:
+    want, got = torch.load(expected, weights_only=True), torch.load(result, weights_only=True)
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want), "the elastic run differs from the reference bitwise"
 
 
 def _without_num_processes(args: list[str]) -> list[str]:
@@ -73,8 +80,8 @@ def test_an_elastic_job_survives_a_killed_worker_then_a_lost_launcher(tmp_path: 
     # The reference's uninterrupted 2-process part runs meanwhile: the job mostly waits.
     reference = Job(fittrain_launch(2, "slurm_train.py", *ARGS, "--project", tmp_path / "whole"))
     port = free_port()
-    command = _without_num_processes(_elastic(port, *ARGS, "--project", project, "--result", result,
-                                              "--pause-at-steps", f"{WORKER_KILLED_AT},{LAUNCHER_KILLED_AT}"))
+    command = _elastic(port, *ARGS, "--project", project, "--result", result,
+                       "--pause-at-steps", f"{WORKER_KILLED_AT},{LAUNCHER_KILLED_AT}")
     first = Job(command, port_retry=False)
     try:
         # The first launcher hosts the rendezvous store: the second starts once it listens, and is
@@ -112,9 +119,7 @@ def test_an_elastic_job_survives_a_killed_worker_then_a_lost_launcher(tmp_path: 
     expected = tmp_path / "expected.pt"
     run(python_script("slurm_train.py", "--samples", "48", "--project", tmp_path / "switched", "--resume",
                        whole / "checkpoint_3", "--result", expected)).check()
-    want, got = torch.load(expected, weights_only=True), torch.load(result, weights_only=True)
-    assert sorted(got) == sorted(want)
-    assert all(torch.equal(got[k], want[k]) for k in want), "the elastic run differs from the reference bitwise"
+    _assert_same_weights(result, expected)
 
 
 def test_an_elastic_job_grows_when_a_launcher_joins(tmp_path: pathlib.Path) -> None:
@@ -125,11 +130,7 @@ def test_an_elastic_job_grows_when_a_launcher_joins(tmp_path: pathlib.Path) -> N
     wait for its address until it timed out: `fittrain launch` turns the sharing off for a range.)"""
     project, result = tmp_path / "job", tmp_path / "result.pt"
     port = free_port()
-    conf = "last_call_timeout=1,join_timeout=120"
-    command = _without_num_processes(fittrain_launch(
-        1, "slurm_train.py", *ARGS, "--project", project, "--result", result, "--pause-at-steps", "10",
-        launch_args=("--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-                     "--rdzv_id", "growing", "--rdzv_conf", conf, "--max_restarts", "3", "--monitor_interval", "0.5")))
+    command = _elastic(port, *ARGS, "--project", project, "--result", result, "--pause-at-steps", "10", last_call=1)
     first = Job(command, port_retry=False)
     try:
         _wait_for([project / "paused.step10.rank0"], first)  # training alone, held after step 10
@@ -149,5 +150,4 @@ def test_an_elastic_job_grows_when_a_launcher_joins(tmp_path: pathlib.Path) -> N
     expected = tmp_path / "expected.pt"
     run(fittrain_launch(2, "slurm_train.py", "--samples", "48", "--project", tmp_path / "grown",
                         "--resume", run_folder / "checkpoint_2", "--result", expected)).check()
-    want, got = torch.load(expected, weights_only=True), torch.load(result, weights_only=True)
-    assert all(torch.equal(got[k], want[k]) for k in want), "the grown run differs from the reference bitwise"
+    _assert_same_weights(result, expected)
