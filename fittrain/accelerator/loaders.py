@@ -36,19 +36,19 @@ def prepare_loader(accelerator: "Accelerator", data_loader: Any, device: torch.d
         synced_rng: Accelerate's `rng_types` beyond "generator", or an empty value.
     """
     state, config = accelerator.state, accelerator.dataloader_config
+    ranks, rank = data_parallel_ranks(accelerator)
     shard: PositionedSource
     if isinstance(data_loader, DataLoader) and isinstance(data_loader.dataset, IterableDataset):
         shard = _stream(accelerator, data_loader, device, even)
     elif not isinstance(data_loader, DataLoader):
-        shard = BatchesShard(data_loader, device, accelerator.gradient_state, state.num_processes,
-                             state.process_index, even)
+        shard = BatchesShard(data_loader, device, accelerator.gradient_state, ranks, rank, even)
         _check_same_length(accelerator, len(data_loader), "batches")
     else:
         if config.use_seedable_sampler:
             data_loader = with_seedable_sampler(data_loader, config.data_seed)
         # Every pass draws the user's order from rank 0's RNG state, broadcast once per epoch.
-        shard = DataLoaderShard(data_loader, device, accelerator.gradient_state, state.num_processes,
-                                state.process_index, accelerator.split_batches, even,
+        shard = DataLoaderShard(data_loader, device, accelerator.gradient_state, ranks, rank,
+                                accelerator.split_batches, even,
                                 share=lambda obj: collectives.broadcast_object(obj, state))
         _check_same_length(accelerator, *shard.length_check)
     # Pinned memory copies asynchronously anyway; DataLoaderConfiguration(non_blocking=True) always.
@@ -57,6 +57,15 @@ def prepare_loader(accelerator: "Accelerator", data_loader: Any, device: torch.d
     if synced_rng:  # Accelerate's rng_types=["torch", "cuda"]: process 0's generators at each pass
         shard.sync_rng = functools.partial(sync_rng_states, synced_rng, state)
     return shard
+
+
+def data_parallel_ranks(accelerator: "Accelerator") -> tuple[int, int]:
+    """(number of data-parallel ranks, this process's): the processes and this one's index, unless
+    a `parallelism_config` puts several processes in one tensor-parallel group, which share a rank."""
+    state, layout = accelerator.state, accelerator.parallelism_config
+    if layout is None:
+        return state.num_processes, state.process_index
+    return layout.data_parallel_size, layout.data_parallel_rank(state.process_index)
 
 
 def _check_same_length(accelerator: "Accelerator", length: int, unit: str) -> None:
@@ -88,5 +97,5 @@ def _stream(accelerator: "Accelerator", loader: DataLoader, device: torch.device
         total = collectives.reduce(torch.tensor([int(flag)], device=state.device), state)
         return int(total.item()) == state.num_processes
 
-    return StreamShard(loader, device, accelerator.gradient_state, state.num_processes, state.process_index,
+    return StreamShard(loader, device, accelerator.gradient_state, *data_parallel_ranks(accelerator),
                        even, agree=all_agree)

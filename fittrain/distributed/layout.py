@@ -9,11 +9,16 @@ pick the strategy (`fittrain.distributed.strategies`), so nothing else needs nam
   replica group holding whole copies of the shards and averaging gradients with the others.
 - `dp_replicate_size > 1` alone: plain data parallelism (DDP). Accelerate refuses this layout and
   points to DDP; fittrain simply runs DDP.
-- `tp_size > 1` (tensor parallelism) is not built yet, and `cp_size > 1` (context parallelism)
-  needs CUDA attention kernels: both are refused by name at `Accelerator(...)`.
+- `tp_size > 1`: tensor parallelism from the model's `tp_plan` over the innermost "tp" dimension,
+  applied before FSDP2 wraps (torchtitan's order); with `dp_shard_size`/`dp_replicate_size`, FSDP2
+  (or HSDP) then shards or replicates over the data-parallel dimensions
+  (`fittrain.distributed.strategies.tensor_parallel`).
+- `cp_size > 1` (context parallelism) needs CUDA attention kernels: refused by name at `Accelerator(...)`.
 
-Every process is then a data-parallel process: loaders, exact resume and elastic resume work as
-under DDP and FSDP2, and checkpoints (full, or DCP's sharded ones, which reshard on load) load
+Processes are numbered row-major over (dp_replicate, dp_shard, tp): the `tp_size` consecutive
+ranks of a tensor-parallel group share one data-parallel rank, `process_index // tp_size`, and see
+the same batches. Loaders are dealt by data-parallel rank, so exact resume and elastic resume work
+as under DDP and FSDP2, and checkpoints (full, or DCP's sharded ones, which reshard on load) load
 into any other layout.
 """
 
@@ -24,22 +29,24 @@ from typing import Any
 
 from fittrain.common.reprs import short_repr
 
-#: The mesh dimensions FSDP2 shards over, outermost first (Accelerate's and torchtitan's names).
-REPLICATE_DIM, SHARD_DIM = "dp_replicate", "dp_shard"
+#: The mesh dimensions, outermost first (Accelerate's and torchtitan's names).
+REPLICATE_DIM, SHARD_DIM, TP_DIM = "dp_replicate", "dp_shard", "tp"
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
 
 
 @dataclasses.dataclass
 class ParallelismConfig:
-    """A run's layout: data-parallel replication and sharding (and, reserved, tensor and context
-    parallelism). A size left at None is 1.
+    """A run's layout: data-parallel replication and sharding, tensor parallelism (and, reserved,
+    context parallelism). A size left at None is 1.
 
     Args:
         dp_replicate_size: Groups holding whole copies of the model (or of its shards, with sharding).
         dp_shard_size: Processes that shard every parameter between them (FSDP2).
-        tp_size: Tensor-parallel processes; only 1 is supported yet.
+        tp_size: Tensor-parallel processes: each parallelized layer's weights are split between them,
+            as the model's `tp_plan` says.
         cp_size: Context-parallel processes; only 1 is supported (it needs CUDA attention kernels).
-        tp_handler: Accelerate's `TorchTensorParallelConfig`; only None is accepted yet.
+        tp_handler: Accelerate's `TorchTensorParallelConfig`; accepted without async TP, which needs
+            CUDA's symmetric memory (`enable_async_tp=True` is refused).
         cp_handler: Accelerate's `TorchContextParallelConfig`; only None is accepted.
 
     Raises:
@@ -73,6 +80,16 @@ class ParallelismConfig:
         """Processes that each see their own batches: replication times sharding."""
         return self.dp_replicate_size * self.dp_shard_size
 
+    def data_parallel_rank(self, process_index: int) -> int:
+        """The data-parallel rank of process `process_index`: the ranks of one tensor-parallel group
+        (consecutive, since tp is the innermost dimension) share it."""
+        return process_index // (self.tp_size * self.cp_size)
+
+    def repeats_batches(self, process_index: int) -> bool:
+        """Whether process `process_index` sees the batches of another one: it is not the first of its
+        tensor-parallel group (what `gather_for_metrics` gathers from it once)."""
+        return process_index % (self.tp_size * self.cp_size) != 0
+
     @property
     def strategy(self) -> str:
         """The strategy name this layout runs: "fsdp" (FSDP2 or HSDP), "ddp", or "auto" (one process)."""
@@ -82,7 +99,8 @@ class ParallelismConfig:
 
     @property
     def fsdp_mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """FSDP2's mesh (shape, dimension names): 2-D (replicate, shard) for HSDP, else 1-D."""
+        """FSDP2's mesh (shape, dimension names): 2-D (replicate, shard) for HSDP (and for replication
+        beside tensor parallelism, with a shard size of 1), else 1-D."""
         if self.dp_replicate_size > 1:
             return (self.dp_replicate_size, self.dp_shard_size), (REPLICATE_DIM, SHARD_DIM)
         return (self.dp_shard_size,), (SHARD_DIM,)
@@ -96,7 +114,7 @@ class ParallelismConfig:
 
         Raises:
             ValueError: for sizes that do not multiply to `num_processes`, a layout fittrain cannot
-                run yet (tensor or context parallelism), or a `strategy` that contradicts it.
+                run (context parallelism, async TP), or a `strategy` that contradicts it.
         """
         sizes = ", ".join(f"{name}={getattr(self, name)}" for name in _SIZES)
         if self.cp_size > 1 or self.cp_handler is not None:
@@ -104,11 +122,11 @@ class ParallelismConfig:
                 f"ParallelismConfig(cp_size={self.cp_size}): context parallelism needs CUDA attention kernels "
                 "(ring attention over SDPA's flash or efficient kernels), which fittrain does not drive yet, and "
                 f"which a CPU run cannot use. Received: {sizes}. Use cp_size=1 and shard with dp_shard_size.")
-        if self.tp_size > 1 or self.tp_handler is not None:
+        if getattr(self.tp_handler, "enable_async_tp", False):
             raise ValueError(
-                f"ParallelismConfig(tp_size={self.tp_size}): tensor parallelism is not built into fittrain yet. "
-                f"Received: {sizes}. Use tp_size=1 and shard the model with dp_shard_size (FSDP2), or with "
-                "dp_replicate_size and dp_shard_size together (HSDP).")
+                "ParallelismConfig(tp_handler=TorchTensorParallelConfig(enable_async_tp=True)): async tensor "
+                "parallelism overlaps its collectives through CUDA symmetric memory, which fittrain does not drive. "
+                f"Received: {sizes}, enable_async_tp=True. Leave enable_async_tp=False (or tp_handler=None).")
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig's sizes multiply to {self.total_size} processes, but this run has "

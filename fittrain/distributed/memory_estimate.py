@@ -4,7 +4,11 @@
 (`with torch.device("meta"): model = MyModel()`, so nothing is allocated), the bytes of
 parameters, gradients and optimizer state one process holds under a `ParallelismConfig`:
 
-- FSDP2 and HSDP shard every parameter along its first dimension over `dp_shard_size`
+- tensor parallelism (`tp_size > 1`) first splits the parameters of the layers the model's
+  `tp_plan` names, as torch's styles do: a "colwise" Linear's weight and bias by rows, a "rowwise"
+  Linear's weight by columns (its bias stays whole), Embeddings the other way round; each rank
+  holds `ceil(size / tp_size)` of the split dimension;
+- FSDP2 and HSDP then shard every parameter along its first dimension over `dp_shard_size`
   processes, each holding `ceil(rows / dp_shard_size)` rows (FSDP2 pads the last shard to that
   size), whatever `dp_replicate_size` is;
 - DDP and one process hold everything;
@@ -16,7 +20,8 @@ With a `sample` batch (meta tensors are fine), it also counts the activations au
 backward in one forward pass: the tensors saved by the model's operations, parameters excluded.
 `fittrain estimate` (fittrain/launch/cli.py) prints the same for a `module:function` that builds
 the model. It counts tensors, not the allocator's overhead or the temporary full parameters
-FSDP2 gathers for the layer being computed (one layer's worth).
+FSDP2 gathers for the layer being computed (one layer's worth). Activations are counted for the
+whole model: under tensor parallelism, whose split layers save split activations, an upper bound.
 """
 
 from __future__ import annotations
@@ -70,20 +75,25 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
         sample: One process's batch, passed to `model(sample)` to count saved activations; None: not counted.
 
     Raises:
-        ValueError: for an unknown optimizer, or a layout whose tensor or context parallelism fittrain does not run.
+        ValueError: for an unknown optimizer, a layout with context parallelism (which fittrain does not
+            run), or a `tp_size > 1` with a missing or wrong `tp_plan` (`fittrain.distributed.strategies.tp_plan`).
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"estimate_memory(optimizer=...) must be one of {', '.join(OPTIMIZERS)}. Received: "
                          f"optimizer={short_repr(optimizer)}. Pick the one whose state matches yours.")
     layout = layout or ParallelismConfig()
-    if layout.tp_size > 1 or layout.cp_size > 1:
-        raise ValueError(f"estimate_memory covers the layouts fittrain runs: data parallel, FSDP2 and HSDP. Received: "
-                         f"tp_size={layout.tp_size}, cp_size={layout.cp_size}. Use tp_size=1 and cp_size=1.")
-    shards = layout.dp_shard_size
+    if layout.cp_size > 1:
+        raise ValueError(f"estimate_memory covers the layouts fittrain runs: data parallel, FSDP2, HSDP and tensor "
+                         f"parallel. Received: cp_size={layout.cp_size}. Use cp_size=1.")
+    split = _tensor_parallel_dims(model) if layout.tp_size > 1 else {}
     params = grads = 0
     trainable = 0
     for parameter in model.parameters():
-        nbytes = _shard_numel(parameter, shards) * parameter.element_size()
+        shape = list(parameter.shape)
+        if id(parameter) in split:
+            dim = split[id(parameter)]
+            shape[dim] = math.ceil(shape[dim] / layout.tp_size)
+        nbytes = _shard_numel(shape, layout.dp_shard_size) * parameter.element_size()
         params += nbytes
         if parameter.requires_grad:
             grads += nbytes
@@ -93,11 +103,29 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
     return MemoryEstimate(params, grads, state, None if sample is None else saved_activation_bytes(model, sample))
 
 
-def _shard_numel(parameter: torch.Tensor, shards: int) -> int:
+def _tensor_parallel_dims(model: nn.Module) -> dict[int, int]:
+    """id(parameter) -> the dimension tensor parallelism splits it along, for the split ones."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # as tp_plan imports it
+
+    from fittrain.distributed.strategies.tp_plan import resolve_plan
+
+    dims: dict[int, int] = {}
+    for name, style in resolve_plan(model).items():
+        module = model.get_submodule(name)
+        embedding = isinstance(module, nn.Embedding)
+        for key, parameter in module.named_parameters(recurse=False):
+            if isinstance(style, ColwiseParallel):  # output features: a Linear's rows, an Embedding's columns
+                dims[id(parameter)] = 1 if embedding else 0
+            elif isinstance(style, RowwiseParallel) and (embedding or key == "weight"):  # a rowwise bias stays whole
+                dims[id(parameter)] = 0 if embedding else 1
+    return dims
+
+
+def _shard_numel(shape: list[int], shards: int) -> int:
     """Elements of one process's shard: FSDP2's `ceil(rows / shards)` rows (all of a 0-d tensor)."""
-    if shards == 1 or parameter.dim() == 0:
-        return parameter.numel()
-    return math.ceil(parameter.shape[0] / shards) * math.prod(parameter.shape[1:])
+    if shards == 1 or not shape:
+        return math.prod(shape)
+    return math.ceil(shape[0] / shards) * math.prod(shape[1:])
 
 
 def saved_activation_bytes(model: nn.Module, sample: Any) -> int:

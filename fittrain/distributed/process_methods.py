@@ -166,8 +166,11 @@ class ProcessMethods(ProcessHelpers):
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gathers like `gather`, then drops the samples that even_batches repeated at the end."""
-        # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing.
-        padding = 0 < self.gradient_state.real_ranks <= self.state.process_index
+        index, layout = self.state.process_index, getattr(self, "parallelism_config", None)
+        rank = index if layout is None else layout.data_parallel_rank(index)
+        # A rank whose ready batch (batch_size=None) only pads the last round contributes nothing, nor
+        # one that holds the same samples as the first of its tensor-parallel group.
+        padding = (layout is not None and layout.repeats_batches(index)) or 0 < self.gradient_state.real_ranks <= rank
         if use_gather_object or not is_tensor_tree(input_data):
             mine = [] if padding else input_data
             gathered = [x for part in collectives.gather_object(mine, self.state) for x in _as_list(part)]

@@ -1,6 +1,6 @@
 """`fittrain estimate`: each process's memory for a model under a layout, before any run.
 
-    fittrain estimate mypackage.models:build --dp_replicate_size 2 --dp_shard_size 4 --sample_shape 8,512 \\
+    fittrain estimate mypackage.models:build --dp_replicate_size 2 --dp_shard_size 4 --tp_size 2 --sample_shape 8,512 \\
         --sample_dtype int64
 
 builds the model by calling `build()` on the meta device (nothing is allocated) and prints what
@@ -32,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="module:function that returns the model, e.g. mypackage.models:build")
     parser.add_argument("--dp_replicate_size", type=int, default=1, help="replica groups (HSDP with sharding)")
     parser.add_argument("--dp_shard_size", type=int, default=1, help="processes sharding each parameter (FSDP2)")
+    parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel processes (the model's tp_plan)")
     parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS), help="default: adamw")
     parser.add_argument("--sample_shape", help="one process's batch shape, e.g. 8,512: also count activations")
     parser.add_argument("--sample_dtype", default="float32", help="the sample's dtype (int64 for token ids)")
@@ -73,7 +74,8 @@ def _sample(shape: str | None, dtype_name: str) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        layout = ParallelismConfig(dp_replicate_size=args.dp_replicate_size, dp_shard_size=args.dp_shard_size)
+        layout = ParallelismConfig(dp_replicate_size=args.dp_replicate_size, dp_shard_size=args.dp_shard_size,
+                                   tp_size=args.tp_size)
         model = build_model(args.model)
         estimate = estimate_memory(model, layout, args.optimizer, _sample(args.sample_shape, args.sample_dtype))
     except (ImportError, AttributeError, ValueError) as err:

@@ -40,3 +40,12 @@ def hsdp_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("hsdp")
     run(forked(4, "hsdp_worker.py", "--out", str(out))).check()
     return {"ranks": read_results(out, 4), "out": out}
+
+
+@pytest.fixture(scope="session")
+def layouts_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """scripts/layouts_worker.py on 4 forked processes: gpt.py's model under DDP, FSDP2, HSDP, TP,
+    FSDP2+TP and replication+TP, with checkpoints across layouts."""
+    out = tmp_path_factory.mktemp("layouts")
+    run(forked(4, "layouts_worker.py", "--out", str(out))).check()
+    return {"ranks": read_results(out, 4), "out": out}

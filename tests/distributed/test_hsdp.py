@@ -69,7 +69,6 @@ def test_the_trainer_takes_the_layout(hsdp_job: dict[str, Any]) -> None:
 @pytest.mark.parametrize("sizes, message", [
     (dict(dp_shard_size=2), r"sizes multiply to 2 processes, but this run has 1\. Received: dp_replicate_size=1, "
                             r"dp_shard_size=2, tp_size=1, cp_size=1\. .*--num_processes 2"),
-    (dict(tp_size=2), r"tensor parallelism is not built into fittrain yet\. Received: .*tp_size=2"),
     (dict(cp_size=2), r"context parallelism needs CUDA attention kernels.*Received: .*cp_size=2"),
 ])
 def test_a_layout_the_run_cannot_take_is_refused_naming_the_sizes(sizes: dict[str, int], message: str) -> None:

@@ -56,7 +56,9 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match=r"optimizer=\.\.\.\) must be one of adam, adamw, sgd, sgd-momentum\. "
                                          r"Received: optimizer='lion'"):
         estimate_memory(nn.Linear(2, 2), optimizer="lion")
-    with pytest.raises(ValueError, match=r"Received: tp_size=2, cp_size=1"):
+    with pytest.raises(ValueError, match=r"Received: cp_size=2\. Use cp_size=1"):
+        estimate_memory(nn.Linear(2, 2), ParallelismConfig(cp_size=2))
+    with pytest.raises(ValueError, match=r"Linear \(and every module in it\) has none"):
         estimate_memory(nn.Linear(2, 2), ParallelismConfig(tp_size=2))
 
 

@@ -39,6 +39,16 @@ class FSDP2Strategy(Strategy):
         super().__init__(state)
         self.fsdp_classes = fsdp_classes
         self.mesh_shape, self.mesh_dim_names = mesh or ((state.num_processes,), ("dp_shard",))
+        self._mesh: Any = None
+
+    def device_mesh(self) -> Any:
+        """The run's `DeviceMesh`, built at the first wrap and shared by every model (each build makes
+        new process groups)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh  # FSDP2's modules load only when sharding
+
+            self._mesh = init_device_mesh(self.state.device.type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+        return self._mesh
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if not self.state.is_distributed:
@@ -47,12 +57,14 @@ class FSDP2Strategy(Strategy):
                           "unsharded on a single process. Launch with `fittrain launch --num_processes N` (or "
                           "torchrun) to shard it.", UserWarning, stacklevel=5)
             return model
-        from torch.distributed.device_mesh import init_device_mesh  # FSDP2's modules load only when sharding
-        from torch.distributed.fsdp import fully_shard
-
         # A 2-D (replicate, shard) mesh makes fully_shard shard within each replica group and average
         # gradients across the groups: HSDP.
-        mesh = init_device_mesh(self.state.device.type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+        return self._shard(model, self.device_mesh())
+
+    def _shard(self, model: nn.Module, mesh: Any) -> nn.Module:
+        """Applies `fully_shard` over `mesh` to `model`'s units and then to `model`."""
+        from torch.distributed.fsdp import fully_shard  # FSDP2's modules load only when sharding
+
         # fully_shard must see inner modules before outer ones, or an outer unit would claim the inner
         # parameters too; modules() lists parents before children, so walk it backwards.
         for child in reversed(list(model.modules())[1:]):
@@ -78,11 +90,15 @@ class FSDP2Strategy(Strategy):
             return [model]
         return [unit for unit in units if not any(is_fsdp(m) for m in unit.modules() if m is not unit)]
 
+    def holds_shards(self, model: nn.Module) -> bool:
+        """Whether `model` (prepared) holds sharded parameters, whose full state every rank gathers."""
+        return is_fsdp(self.unwrap(model))
+
     def hooks_forward(self, model: nn.Module) -> bool:
         return is_fsdp(model)
 
     def forward_gathers_parameters(self, model: nn.Module) -> bool:
-        return self.state.num_processes > 1 and is_fsdp(unwrap(model))
+        return self.state.num_processes > 1 and self.holds_shards(model)
 
     def root_unit_parameters(self, model: nn.Module) -> list[str]:
         # The root's own parameters would be resharded by the first backward while a step that runs
@@ -102,15 +118,15 @@ class FSDP2Strategy(Strategy):
 
     # ----------------------------------------------------------------- full state
     def full_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        if not is_fsdp(self.unwrap(model)):
+        if not self.holds_shards(model):
             return super().full_state_dict(model, unwrap)
         return gathered_state_dict(self.unwrap(model))
 
     def load_full_state_dict(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-        model = self.unwrap(model)
-        if not is_fsdp(model):
+        if not self.holds_shards(model):
             super().load_full_state_dict(model, state_dict)
             return
+        model = self.unwrap(model)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # see _full_options
 
         # Sharding scatters one tensor at a time, so every rank must walk the keys in the same
@@ -127,7 +143,7 @@ class FSDP2Strategy(Strategy):
         Raises:
             ValueError: when the optimizer spans several FSDP2 models.
         """
-        owner = _fsdp_owner(optimizer, models)
+        owner = self._sharded_owner(optimizer, models)
         if owner is None:
             return super().optimizer_state_dict(optimizer, models)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # see _full_options
@@ -141,7 +157,7 @@ class FSDP2Strategy(Strategy):
         Raises:
             ValueError: when the optimizer spans several FSDP2 models.
         """
-        owner = _fsdp_owner(optimizer, models)
+        owner = self._sharded_owner(optimizer, models)
         if owner is None:
             super().load_optimizer_state_dict(optimizer, models, state_dict)
             return
@@ -160,11 +176,27 @@ class FSDP2Strategy(Strategy):
     def streamed_weights(self, model: nn.Module) -> tuple[dict[str, Any], Any] | None:
         """Each rank's shards, made whole one file at a time: no process holds more than one file's
         worth of the model."""
-        if not is_fsdp(self.unwrap(model)):
+        if not self.holds_shards(model):
             return None
         from fittrain.distributed import sharded_state  # imports torch.distributed.checkpoint: see the base
 
         return sharded_state.model_state(model), sharded_state.full_tensors
+
+
+    def _sharded_owner(self, optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module | None:
+        """The sharded model whose parameters `optimizer` trains, or None when it trains no sharded model.
+
+        Raises:
+            ValueError: when the optimizer spans several sharded models.
+        """
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        owners = [unwrap(m) for m in models if self.holds_shards(m) and any(id(p) in held for p in m.parameters())]
+        if len(owners) > 1:
+            raise ValueError(
+                f"An optimizer that trains {len(owners)} sharded models at once has no single full state dict to "
+                "save. Received an optimizer over the parameters of several prepared models; build one optimizer "
+                "per model, or wrap the models in one parent nn.Module and prepare that.")
+        return owners[0] if owners else None
 
 
 def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -191,20 +223,3 @@ def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def _fsdp_owner(optimizer: torch.optim.Optimizer, models: Iterable[nn.Module]) -> nn.Module | None:
-    """The FSDP2 model whose parameters `optimizer` trains, or None when it trains no sharded model.
-
-    Raises:
-        ValueError: when the optimizer spans several FSDP2 models, which has no single full state.
-    """
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    owners = [m for m in map(unwrap, models) if is_fsdp(m) and any(id(p) in held for p in m.parameters())]
-    if len(owners) > 1:
-        raise ValueError(
-            f"An optimizer that trains {len(owners)} FSDP2 models at once has no single full state dict to "
-            "save. Received an optimizer over the parameters of several prepared models; build one optimizer "
-            "per model, or wrap the models in one parent nn.Module and prepare that."
-        )
-    return owners[0] if owners else None

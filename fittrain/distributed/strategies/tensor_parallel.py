@@ -1,0 +1,70 @@
+"""`TensorParallelStrategy`: layers split between the ranks of a "tp" mesh dimension, then FSDP2.
+
+torchtitan's order on one `DeviceMesh` of (dp_replicate, dp_shard, tp), built once:
+1. `parallelize_module` over the innermost "tp" dimension, as the model's `tp_plan` says
+   (`tp_plan.py`): the planned layers' weights become DTensors split between the tp ranks, and
+   their inputs and outputs are redistributed around them;
+2. with data parallelism beside it, `fully_shard` over the data-parallel dimensions ("dp_shard",
+   or ("dp_replicate", "dp_shard"): HSDP, and replication alone as HSDP with shards of size 1),
+   which shards the DTensors further. Without it, the ranks of the one tp group see the same
+   batches and nothing else needs averaging.
+
+Everything the FSDP2 strategy does with sharded state applies: full state is gathered from the
+DTensors (every rank calls it), sharded checkpoints are DCP's and reshard on load into any layout,
+optimizer state is keyed by parameter name. Gradient norms are taken per mesh (`norms.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from fittrain.distributed.layout import REPLICATE_DIM, SHARD_DIM, TP_DIM, ParallelismConfig
+from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.strategies.fsdp import FSDP2Strategy
+from fittrain.distributed.strategies.tp_plan import resolve_plan
+
+
+class TensorParallelStrategy(FSDP2Strategy):
+    """Tensor parallelism from the model's `tp_plan`, with FSDP2 over the data-parallel dimensions.
+
+    Args:
+        state: This process's place in the run (as many processes as the layout's sizes multiply to).
+        layout: A checked `ParallelismConfig` with `tp_size > 1`.
+        fsdp_classes: Module classes FSDP2 shards (see `FSDP2Strategy`).
+    """
+
+    def __init__(self, state: ProcessState, layout: ParallelismConfig,
+                 fsdp_classes: tuple[type, ...] | None = None) -> None:
+        super().__init__(state, fsdp_classes, layout.fsdp_mesh)
+        self.layout = layout
+
+    def device_mesh(self) -> Any:
+        """The whole (dp_replicate, dp_shard, tp) mesh, built at the first wrap."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh  # loaded only when parallelizing
+
+            sizes = (self.layout.dp_replicate_size, self.layout.dp_shard_size, self.layout.tp_size)
+            self._mesh = init_device_mesh(self.state.device.type, sizes,
+                                          mesh_dim_names=(REPLICATE_DIM, SHARD_DIM, TP_DIM))
+        return self._mesh
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module  # loaded only when parallelizing
+
+        plan = resolve_plan(model)  # before anything changes: a bad plan leaves the model as it was
+        mesh = self.device_mesh()
+        # torchtitan's order: split the layers first, so that FSDP2 shards the DTensors they became.
+        parallelize_module(model, mesh[TP_DIM], plan)
+        if self.layout.data_parallel_size > 1:
+            self._shard(model, mesh[self.mesh_dim_names])
+        return model
+
+    def holds_shards(self, model: nn.Module) -> bool:
+        """Whether any of `model`'s parameters is a DTensor (split by the plan, or sharded by FSDP2)."""
+        return any(hasattr(p, "device_mesh") for p in self.unwrap(model).parameters())
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(dp_replicate={self.layout.dp_replicate_size}, "
+                f"dp_shard={self.layout.dp_shard_size}, tp={self.layout.tp_size})")

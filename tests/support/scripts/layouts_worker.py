@@ -1,0 +1,173 @@
+"""One process of a 4-process job that trains gpt.py's model under every layout of a device mesh.
+
+Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to DIR/rank{r}.pt:
+
+- layouts: for DDP, FSDP2, HSDP, TP, FSDP2+TP and replication+TP: an epoch, a save of its own
+  (sharded), the next epoch, then the checkpoint loaded back and that epoch again. Losses, weights,
+  the first batch's sample indices and every sample index seen (gather_for_metrics);
+- cross: the FSDP2+TP checkpoint loaded under each other layout;
+- elastic: a (dp_shard 2, tp 2) run stopped after 3 steps, saved, and resumed as (dp_shard 4);
+- full: a full (gathered) checkpoint saved under TP, loaded under FSDP2+TP;
+- accumulate, bf16: FSDP2+TP with gradient accumulation, and TP under bf16 autocast;
+- trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
+- memory: the bytes this rank holds under the tensor-parallel layouts, for `estimate_memory`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+from typing import Any
+
+import torch
+
+import gpt
+from fittrain import Accelerator, ParallelismConfig, Trainer, TrainModule
+
+LAYOUTS = {
+    "ddp": dict(dp_replicate_size=4),
+    "fsdp": dict(dp_shard_size=4),
+    "hsdp": dict(dp_replicate_size=2, dp_shard_size=2),
+    "tp": dict(tp_size=4),
+    "fsdp_tp": dict(dp_shard_size=2, tp_size=2),
+    "replicate_tp": dict(dp_replicate_size=2, tp_size=2),
+}
+
+
+def _accelerator(layout: str, **options: Any) -> Accelerator:
+    return Accelerator(parallelism_config=ParallelismConfig(**LAYOUTS[layout]), fsdp_classes=[gpt.Block], **options)
+
+
+def layouts(out: pathlib.Path) -> dict[str, Any]:
+    results = {}
+    for name in LAYOUTS:
+        acc = _accelerator(name)
+        model, optimizer, loader = gpt.prepared(acc)
+        seen: list[int] = []
+        norms: list[float] = []
+        first = gpt.train_epoch(acc, model, optimizer, loader, seen, norms)
+        saved = gpt.full_state(acc, model)
+        folder = acc.save_state(out / f"{name}_checkpoint")
+        second = gpt.train_epoch(acc, model, optimizer, loader)
+        after = gpt.full_state(acc, model)
+        acc.load_state(folder)
+        again = gpt.train_epoch(acc, model, optimizer, loader)
+        results[name] = {"losses": first + second, "again": again, "saved": saved, "after": after,
+                         "again_state": gpt.full_state(acc, model), "seen": seen, "norms": norms,
+                         "first_batch": next(iter(loader))[1].tolist(),
+                         "strategy": repr(acc.distributed_strategy)}
+    return results
+
+
+def cross(out: pathlib.Path) -> dict[str, Any]:
+    loaded = {}
+    for name in LAYOUTS:
+        acc = _accelerator(name)
+        model, _, _ = gpt.prepared(acc, seed=5)
+        acc.load_state(out / "fsdp_tp_checkpoint")
+        loaded[name] = gpt.full_state(acc, model)
+    return loaded
+
+
+def elastic(out: pathlib.Path) -> dict[str, Any]:
+    acc = _accelerator("fsdp_tp")
+    model, optimizer, loader = gpt.prepared(acc)
+    before: list[int] = []
+    for step, (tokens, index) in enumerate(loader):
+        acc.backward(gpt.loss_of(model, tokens))
+        optimizer.step()
+        optimizer.zero_grad()
+        before.extend(int(i) for i in acc.gather_for_metrics(index))
+        if step == 2:
+            acc.save_state(out / "elastic_checkpoint")
+            break
+    acc = _accelerator("fsdp")
+    model, optimizer, loader = gpt.prepared(acc, seed=5)
+    acc.load_state(out / "elastic_checkpoint")
+    after: list[int] = []
+    rest = acc.skip_first_batches(loader, loader.position.batches_consumed)  # Accelerate's resume pattern
+    gpt.train_epoch(acc, model, optimizer, rest, after)
+    return {"before": before, "after": after}
+
+
+def full(out: pathlib.Path) -> dict[str, Any]:
+    acc = _accelerator("tp", state_dict_type="full")
+    model, optimizer, loader = gpt.prepared(acc)
+    gpt.train_epoch(acc, model, optimizer, loader)
+    saved = gpt.full_state(acc, model)
+    acc.save_state(out / "full_checkpoint")
+    acc = _accelerator("fsdp_tp")
+    model, _, _ = gpt.prepared(acc, seed=5)
+    acc.load_state(out / "full_checkpoint")
+    files = sorted(p.name for p in (out / "full_checkpoint").iterdir())
+    return {"saved": saved, "loaded": gpt.full_state(acc, model), "files": files}
+
+
+def accumulate(out: pathlib.Path) -> dict[str, Any]:
+    acc = _accelerator("fsdp_tp", gradient_accumulation_steps=2)
+    model, optimizer, loader = gpt.prepared(acc, accumulation=2)
+    losses = gpt.train_epoch(acc, model, optimizer, loader)
+    return {"state": gpt.full_state(acc, model), "steps": len(losses)}
+
+
+def bf16(out: pathlib.Path) -> dict[str, Any]:
+    acc = _accelerator("tp", mixed_precision="bf16")
+    model, optimizer, loader = gpt.prepared(acc)
+    return {"losses": gpt.train_epoch(acc, model, optimizer, loader)}
+
+
+class _LanguageModel(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = gpt.make_model()  # its tp_plan counts under the name "gpt"
+
+    def training_step(self, batch: Any) -> torch.Tensor:
+        return gpt.loss_of(self.gpt, batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=gpt.LR)
+
+
+def trainer(out: pathlib.Path) -> dict[str, Any]:
+    fit = Trainer(parallelism_config=ParallelismConfig(**LAYOUTS["fsdp_tp"]), max_epochs=1,
+                  project_dir=out / "trainer", enable_progress_bar=False)
+    fit.fit(_LanguageModel(), gpt.make_loader(gpt.GLOBAL_BATCH // 2))
+    return {"loss": float(fit.state.loss), "steps": fit.state.global_step,
+            "strategy": repr(fit.accelerator.distributed_strategy)}
+
+
+def _local_bytes(tensors: Any) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
+
+
+def memory(out: pathlib.Path) -> dict[str, Any]:
+    """The bytes this rank holds after an AdamW step under each tensor-parallel layout."""
+    held = {}
+    for name in ("tp", "fsdp_tp", "replicate_tp"):
+        acc = _accelerator(name)
+        model, optimizer, loader = gpt.prepared(acc)
+        acc.backward(gpt.loss_of(model, next(iter(loader))[0]))
+        optimizer.step()
+        states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        held[name] = {"parameters": _local_bytes(model.parameters()),
+                      "gradients": _local_bytes(p.grad for p in model.parameters()),
+                      "optimizer_state": _local_bytes(states)}
+    return held
+
+
+SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "full": full, "accumulate": accumulate,
+             "bf16": bf16, "trainer": trainer, "memory": memory}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    args = parser.parse_args()
+    results = {name: scenario(args.out) for name, scenario in SCENARIOS.items()}
+    torch.save(results, args.out / f"rank{os.environ['RANK']}.pt")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
