@@ -202,6 +202,32 @@ class CompatMethods:
         return self.distributed_strategy.is_sharding
 
     @property
+    def torch_device_mesh(self) -> Any:
+        """The `DeviceMesh` of the `parallelism_config`'s layout (built at the first `prepare` of a
+        model, or here), or None without a layout or on one process."""
+        return self.distributed_strategy.device_mesh() if self.parallelism_config is not None else None
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's data-parallel rank: the ranks of one tensor-parallel group share it."""
+        layout = self.parallelism_config
+        return self.state.process_index if layout is None else layout.data_parallel_rank(self.state.process_index)
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's rank within its FSDP2 shard group (0 when nothing is sharded)."""
+        layout = self.parallelism_config
+        if layout is None:
+            return self.state.process_index if self.distributed_strategy.is_sharding else 0
+        return self.data_parallel_rank % layout.dp_shard_size
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's rank within its tensor-parallel group (0 without tensor parallelism)."""
+        layout = self.parallelism_config
+        return 0 if layout is None else self.state.process_index % layout.tp_size
+
+    @property
     def multi_device(self) -> bool:
         """Whether more than one process takes part (Accelerate's name for it)."""
         return self.state.is_distributed

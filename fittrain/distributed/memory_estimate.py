@@ -105,19 +105,13 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
 
 def _tensor_parallel_dims(model: nn.Module) -> dict[int, int]:
     """id(parameter) -> the dimension tensor parallelism splits it along, for the split ones."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # as tp_plan imports it
-
-    from fittrain.distributed.strategies.tp_plan import resolve_plan
+    from fittrain.distributed.strategies.tp_plan import resolve_plan, split_dim
 
     dims: dict[int, int] = {}
     for name, style in resolve_plan(model).items():
         module = model.get_submodule(name)
-        embedding = isinstance(module, nn.Embedding)
-        for key, parameter in module.named_parameters(recurse=False):
-            if isinstance(style, ColwiseParallel):  # output features: a Linear's rows, an Embedding's columns
-                dims[id(parameter)] = 1 if embedding else 0
-            elif isinstance(style, RowwiseParallel) and (embedding or key == "weight"):  # a rowwise bias stays whole
-                dims[id(parameter)] = 0 if embedding else 1
+        for key, dim in split_dim(module, style).items():
+            dims[id(getattr(module, key))] = dim
     return dims
 
 

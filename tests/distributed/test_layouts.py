@@ -88,8 +88,26 @@ def test_data_follows_the_data_parallel_ranks_only(layouts_job: dict[str, Any], 
         for r in range(4):  # same data-parallel rank, same batch; another, another batch
             assert all((batches[r] == batches[o]) == (dp_ranks[r] == dp_ranks[o]) for o in range(4)), layout
         assert len(batches[0]) == gpt.GLOBAL_BATCH // (max(dp_ranks) + 1)
+        assert [ranks[r][layout]["ranks"][0] for r in range(4)] == dp_ranks  # Accelerator.data_parallel_rank
         # gather_for_metrics gives each sample of the epoch once, not once per tp rank.
         assert sorted(ranks[0][layout]["seen"]) == list(range(gpt.SAMPLES)), layout
+
+
+@pytest.mark.subprocess
+def test_the_mesh_and_each_ranks_place_in_it(layouts_job: dict[str, Any]) -> None:
+    names = ("dp_replicate", "dp_shard", "tp")
+    meshes = {"ddp": None, "fsdp": ((4,), ("dp_shard",)), "hsdp": ((2, 2), ("dp_replicate", "dp_shard")),
+              "tp": ((1, 1, 4), names), "fsdp_tp": ((1, 2, 2), names), "replicate_tp": ((2, 1, 2), names)}
+    # (data-parallel rank, rank within the shard group, tensor-parallel rank) of ranks 0..3
+    places = {"ddp": [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)],
+              "fsdp": [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0)],
+              "hsdp": [(0, 0, 0), (1, 1, 0), (2, 0, 0), (3, 1, 0)],
+              "tp": [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)],
+              "fsdp_tp": [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)],
+              "replicate_tp": [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]}
+    for layout in LAYOUTS:
+        assert layouts_job["ranks"][0]["layouts"][layout]["mesh"] == meshes[layout], layout
+        assert [rank["layouts"][layout]["ranks"] for rank in layouts_job["ranks"]] == places[layout], layout
 
 
 @pytest.mark.subprocess
@@ -127,9 +145,11 @@ def test_a_2x2_run_resumed_as_4x1_sees_every_sample_of_the_epoch_once(layouts_jo
 
 
 @pytest.mark.subprocess
-def test_accumulation_bf16_and_the_trainer_work_on_dtensors(layouts_job: dict[str, Any], gpt: ModuleType,
-                                                           one_process: dict[str, Any]) -> None:
+def test_accumulation_compile_bf16_and_the_trainer_work_on_dtensors(layouts_job: dict[str, Any], gpt: ModuleType,
+                                                                   one_process: dict[str, Any]) -> None:
     rank0 = layouts_job["ranks"][0]
+    compiled = rank0["compiled"]["losses"]
+    torch.testing.assert_close(compiled, one_process["losses"][:len(compiled)], atol=LOSS_ATOL, rtol=0)
     # Two micro-batches of 2 per data-parallel rank make the same global batch of 8: the same steps.
     assert rank0["accumulate"]["steps"] == 2 * gpt.SAMPLES // gpt.GLOBAL_BATCH
     _close(rank0["accumulate"]["state"], one_process["after_first"], WEIGHT_ATOL)
@@ -190,6 +210,16 @@ def test_a_bad_plan_is_named(plan: Any, message: str) -> None:
         model.tp_plan = plan
     with pytest.raises(ValueError, match=message):
         resolve_plan(model)
+
+
+def test_a_layer_that_does_not_split_evenly_is_named() -> None:
+    model = nn.Module()
+    model.q, model.o = nn.Linear(6, 6, bias=False), nn.Linear(6, 4)
+    model.tp_plan = {"q": "colwise", "o": "rowwise"}
+    assert sorted(resolve_plan(model, tp_size=3)) == ["o", "q"]  # 6 rows, 6 columns: 3 parts each
+    with pytest.raises(ValueError, match=r"tp_plan\['q'\] splits q\.weight \(Linear, 6 along dimension 0\) between "
+                                         r"tp_size=4 ranks, and 6 does not divide by 4.*Use a tp_size that divides 6"):
+        resolve_plan(model, tp_size=4)
 
 
 def test_a_layout_the_run_cannot_take_is_refused_naming_the_sizes() -> None:

@@ -47,6 +47,10 @@ class Strategy:
         faster one: benchmarks/checkpoint.py)."""
         return "sharded" if self.is_sharding else "full"
 
+    def device_mesh(self) -> Any:
+        """The run's `DeviceMesh`, or None where this strategy uses none (one process, DDP)."""
+        return None
+
     # ----------------------------------------------------------------- wrapping
     def wrap(self, model: nn.Module) -> nn.Module:
         """Wraps `model` (already on the device) for this strategy; records the parameters that

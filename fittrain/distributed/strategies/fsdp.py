@@ -43,8 +43,8 @@ class FSDP2Strategy(Strategy):
 
     def device_mesh(self) -> Any:
         """The run's `DeviceMesh`, built at the first wrap and shared by every model (each build makes
-        new process groups)."""
-        if self._mesh is None:
+        new process groups); None on one process, which shards nothing."""
+        if self._mesh is None and self.state.is_distributed:
             from torch.distributed.device_mesh import init_device_mesh  # FSDP2's modules load only when sharding
 
             self._mesh = init_device_mesh(self.state.device.type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)

@@ -53,7 +53,7 @@ class TensorParallelStrategy(FSDP2Strategy):
     def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module  # loaded only when parallelizing
 
-        plan = resolve_plan(model)  # before anything changes: a bad plan leaves the model as it was
+        plan = resolve_plan(model, self.layout.tp_size)  # first: a bad plan leaves the model as it was
         mesh = self.device_mesh()
         # torchtitan's order: split the layers first, so that FSDP2 shards the DTensors they became.
         parallelize_module(model, mesh[TP_DIM], plan)

@@ -71,14 +71,44 @@ def _matches(pattern: str, name: str) -> bool:
     return len(parts) == len(atoms) and all(fnmatch.fnmatchcase(atom, part) for atom, part in zip(atoms, parts))
 
 
-def resolve_plan(model: nn.Module) -> dict[str, Any]:
+def split_dim(module: nn.Module, style: Any) -> dict[str, int]:
+    """Parameter name -> the dimension `style` splits it along, as torch's styles do: colwise splits
+    a Linear's rows (weight and bias) and an Embedding's columns, rowwise a Linear's weight columns
+    (its bias stays whole) and an Embedding's rows. Empty for other styles and modules."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # see _styles
+
+    embedding = isinstance(module, nn.Embedding)
+    if not (embedding or isinstance(module, nn.Linear)):
+        return {}
+    if isinstance(style, ColwiseParallel):
+        dims = {"weight": 1} if embedding else {"weight": 0, "bias": 0}
+    elif isinstance(style, RowwiseParallel):
+        dims = {"weight": 0} if embedding else {"weight": 1}
+    else:
+        return {}
+    return {key: dim for key, dim in dims.items() if getattr(module, key, None) is not None}
+
+
+def _check_divisible(model: nn.Module, name: str, pattern: str, style: Any, tp_size: int) -> None:
+    module = model.get_submodule(name)
+    for key, dim in split_dim(module, style).items():
+        size = getattr(module, key).shape[dim]
+        if size % tp_size:
+            raise ValueError(
+                f"tp_plan[{pattern!r}] splits {name}.{key} ({type(module).__name__}, {size} along dimension {dim}) "
+                f"between tp_size={tp_size} ranks, and {size} does not divide by {tp_size}: attention heads and "
+                f"features would be cut apart. Received: tp_size={tp_size}. Use a tp_size that divides {size}.")
+
+
+def resolve_plan(model: nn.Module, tp_size: int = 1) -> dict[str, Any]:
     """The plan of `model` as `parallelize_module` takes it: concrete module names to torch styles.
 
     Every pattern must name at least one module, and every style be known, so a typo is an error
-    rather than a layer silently left whole on every rank.
+    rather than a layer silently left whole on every rank; a Linear or Embedding must split evenly
+    into `tp_size` parts.
 
     Raises:
-        ValueError: for a pattern that matches no module, or an unknown style.
+        ValueError: for a pattern that matches no module, an unknown style, or an uneven split.
     """
     from torch.distributed.tensor.parallel import ParallelStyle  # see _styles
 
@@ -99,5 +129,7 @@ def resolve_plan(model: nn.Module) -> dict[str, Any]:
             raise ValueError(
                 f"tp_plan's pattern {pattern!r} names no module of {type(model).__name__}.{hint} Received: that "
                 "pattern. Use names as model.named_modules() gives them, with '*' for one part (a layer index).")
-        resolved.update((name, style) for name in matched)
+        for name in matched:
+            _check_divisible(model, name, pattern, style, tp_size)
+            resolved[name] = style
     return resolved

@@ -8,7 +8,8 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
 - cross: the FSDP2+TP checkpoint loaded under each other layout;
 - elastic: a (dp_shard 2, tp 2) run stopped after 3 steps, saved, and resumed as (dp_shard 4);
 - full: a full (gathered) checkpoint saved under TP, loaded under FSDP2+TP;
-- accumulate, bf16: FSDP2+TP with gradient accumulation, and TP under bf16 autocast;
+- accumulate, compiled, bf16: FSDP2+TP with gradient accumulation and compiled, and TP under bf16
+  autocast;
 - trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
 - memory: the bytes this rank holds under the tensor-parallel layouts, for `estimate_memory`.
 """
@@ -40,6 +41,10 @@ def _accelerator(layout: str, **options: Any) -> Accelerator:
     return Accelerator(parallelism_config=ParallelismConfig(**LAYOUTS[layout]), fsdp_classes=[gpt.Block], **options)
 
 
+def _mesh(mesh: Any) -> Any:
+    return None if mesh is None else (tuple(mesh.shape), mesh.mesh_dim_names)
+
+
 def layouts(out: pathlib.Path) -> dict[str, Any]:
     results = {}
     for name in LAYOUTS:
@@ -57,7 +62,8 @@ def layouts(out: pathlib.Path) -> dict[str, Any]:
         results[name] = {"losses": first + second, "again": again, "saved": saved, "after": after,
                          "again_state": gpt.full_state(acc, model), "seen": seen, "norms": norms,
                          "first_batch": next(iter(loader))[1].tolist(),
-                         "strategy": repr(acc.distributed_strategy)}
+                         "strategy": repr(acc.distributed_strategy), "mesh": _mesh(acc.torch_device_mesh),
+                         "ranks": (acc.data_parallel_rank, acc.data_parallel_shard_rank, acc.tensor_parallel_rank)}
     return results
 
 
@@ -112,6 +118,13 @@ def accumulate(out: pathlib.Path) -> dict[str, Any]:
     return {"state": gpt.full_state(acc, model), "steps": len(losses)}
 
 
+def compiled(out: pathlib.Path) -> dict[str, Any]:
+    """FSDP2+TP with each block compiled (aot_eager: Dynamo traces the DTensor code; no C++ build)."""
+    acc = _accelerator("fsdp_tp", dynamo_backend="aot_eager")
+    model, optimizer, loader = gpt.prepared(acc)
+    return {"losses": gpt.train_epoch(acc, model, optimizer, loader)}
+
+
 def bf16(out: pathlib.Path) -> dict[str, Any]:
     acc = _accelerator("tp", mixed_precision="bf16")
     model, optimizer, loader = gpt.prepared(acc)
@@ -158,7 +171,7 @@ def memory(out: pathlib.Path) -> dict[str, Any]:
 
 
 SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "full": full, "accumulate": accumulate,
-             "bf16": bf16, "trainer": trainer, "memory": memory}
+             "compiled": compiled, "bf16": bf16, "trainer": trainer, "memory": memory}
 
 
 def main() -> None:
