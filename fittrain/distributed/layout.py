@@ -143,10 +143,16 @@ def check_layout_type(value: Any) -> ParallelismConfig | None:
 
     Raises:
         TypeError: for anything else.
+        ValueError: for Accelerate's sequence parallelism (`sp_size > 1`, DeepSpeed's Ulysses).
     """
     if value is None or isinstance(value, ParallelismConfig):
         return value
     if type(value).__name__ == "ParallelismConfig" and all(hasattr(value, name) for name in _SIZES):
+        sp_size = getattr(value, "sp_size", 1) or 1
+        if sp_size > 1:
+            raise ValueError(f"parallelism_config=accelerate.ParallelismConfig(sp_size={sp_size}): sequence "
+                             "parallelism is DeepSpeed's Ulysses in Accelerate, which fittrain does not run. Received: "
+                             f"sp_size={sp_size}. Use sp_size=1 (tensor parallelism: tp_size).")
         # `from accelerate import ParallelismConfig` left in a ported script: the same layout.
         return ParallelismConfig(**{name: getattr(value, name) for name in _SIZES},
                                  tp_handler=getattr(value, "tp_handler", None),

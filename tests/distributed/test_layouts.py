@@ -145,11 +145,12 @@ def test_a_2x2_run_resumed_as_4x1_sees_every_sample_of_the_epoch_once(layouts_jo
 
 
 @pytest.mark.subprocess
-def test_accumulation_compile_bf16_and_the_trainer_work_on_dtensors(layouts_job: dict[str, Any], gpt: ModuleType,
+def test_accumulation_compile_a_presplit_model_bf16_and_the_trainer_work(layouts_job: dict[str, Any], gpt: ModuleType,
                                                                    one_process: dict[str, Any]) -> None:
     rank0 = layouts_job["ranks"][0]
-    compiled = rank0["compiled"]["losses"]
-    torch.testing.assert_close(compiled, one_process["losses"][:len(compiled)], atol=LOSS_ATOL, rtol=0)
+    for scenario in ("compiled", "split_by_hand"):
+        losses = rank0[scenario]["losses"]
+        torch.testing.assert_close(losses, one_process["losses"][:len(losses)], atol=LOSS_ATOL, rtol=0)
     # Two micro-batches of 2 per data-parallel rank make the same global batch of 8: the same steps.
     assert rank0["accumulate"]["steps"] == 2 * gpt.SAMPLES // gpt.GLOBAL_BATCH
     _close(rank0["accumulate"]["state"], one_process["after_first"], WEIGHT_ATOL)
@@ -232,3 +233,6 @@ def test_a_layout_the_run_cannot_take_is_refused_naming_the_sizes() -> None:
 
     with pytest.raises(ValueError, match=r"async tensor parallelism .*Received: .*tp_size=2.*enable_async_tp=True"):
         Accelerator(parallelism_config=ParallelismConfig(tp_size=2, tp_handler=AsyncTP()))
+    accelerate = pytest.importorskip("accelerate")  # in [dev]: the benchmarks compare with it
+    with pytest.raises(ValueError, match=r"sp_size=2\): sequence parallelism is DeepSpeed's Ulysses"):
+        Accelerator(parallelism_config=accelerate.ParallelismConfig(sp_size=2))

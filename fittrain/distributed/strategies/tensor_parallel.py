@@ -3,7 +3,8 @@
 torchtitan's order on one `DeviceMesh` of (dp_replicate, dp_shard, tp), built once:
 1. `parallelize_module` over the innermost "tp" dimension, as the model's `tp_plan` says
    (`tp_plan.py`): the planned layers' weights become DTensors split between the tp ranks, and
-   their inputs and outputs are redistributed around them;
+   their inputs and outputs are redistributed around them (unless the model came split already,
+   from `accelerator.torch_device_mesh["tp"]`);
 2. with data parallelism beside it, `fully_shard` over the data-parallel dimensions ("dp_shard",
    or ("dp_replicate", "dp_shard"): HSDP, and replication alone as HSDP with shards of size 1),
    which shards the DTensors further. Without it, the ranks of the one tp group see the same
@@ -53,10 +54,13 @@ class TensorParallelStrategy(FSDP2Strategy):
     def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module  # loaded only when parallelizing
 
-        plan = resolve_plan(model, self.layout.tp_size)  # first: a bad plan leaves the model as it was
         mesh = self.device_mesh()
-        # torchtitan's order: split the layers first, so that FSDP2 shards the DTensors they became.
-        parallelize_module(model, mesh[TP_DIM], plan)
+        # A model whose layers are split already (transformers' from_pretrained(tp_plan="auto",
+        # device_mesh=accelerator.torch_device_mesh["tp"]), Accelerate's way) is not split again.
+        if not self.holds_shards(model):
+            plan = resolve_plan(model, self.layout.tp_size)  # first: a bad plan leaves the model as it was
+            # torchtitan's order: split the layers first, so that FSDP2 shards the DTensors they became.
+            parallelize_module(model, mesh[TP_DIM], plan)
         if self.layout.data_parallel_size > 1:
             self._shard(model, mesh[self.mesh_dim_names])
         return model

@@ -8,8 +8,8 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
 - cross: the FSDP2+TP checkpoint loaded under each other layout;
 - elastic: a (dp_shard 2, tp 2) run stopped after 3 steps, saved, and resumed as (dp_shard 4);
 - full: a full (gathered) checkpoint saved under TP, loaded under FSDP2+TP;
-- accumulate, compiled, bf16: FSDP2+TP with gradient accumulation and compiled, and TP under bf16
-  autocast;
+- accumulate, compiled, split_by_hand, bf16: FSDP2+TP with gradient accumulation, compiled, and with
+  a model split before prepare on `accelerator.torch_device_mesh["tp"]`; TP under bf16 autocast;
 - trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
 - memory: the bytes this rank holds under the tensor-parallel layouts, for `estimate_memory`.
 """
@@ -125,6 +125,21 @@ def compiled(out: pathlib.Path) -> dict[str, Any]:
     return {"losses": gpt.train_epoch(acc, model, optimizer, loader)}
 
 
+def split_by_hand(out: pathlib.Path) -> dict[str, Any]:
+    """A model split before prepare on the Accelerator's own tp mesh (Accelerate's way, where
+    transformers' from_pretrained(device_mesh=...) splits it): prepare does not split it again."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fittrain.distributed.strategies.tp_plan import resolve_plan
+
+    acc = _accelerator("fsdp_tp")
+    model = gpt.make_model()
+    parallelize_module(model, acc.torch_device_mesh["tp"], resolve_plan(model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=gpt.LR)
+    model, optimizer, loader = acc.prepare(model, optimizer, gpt.make_loader(gpt.GLOBAL_BATCH // 2))
+    return {"losses": gpt.train_epoch(acc, model, optimizer, loader)}
+
+
 def bf16(out: pathlib.Path) -> dict[str, Any]:
     acc = _accelerator("tp", mixed_precision="bf16")
     model, optimizer, loader = gpt.prepared(acc)
@@ -171,7 +186,7 @@ def memory(out: pathlib.Path) -> dict[str, Any]:
 
 
 SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "full": full, "accumulate": accumulate,
-             "compiled": compiled, "bf16": bf16, "trainer": trainer, "memory": memory}
+             "compiled": compiled, "split_by_hand": split_by_hand, "bf16": bf16, "trainer": trainer, "memory": memory}
 
 
 def main() -> None:
