@@ -20,12 +20,14 @@ With a `sample` batch (meta tensors are fine), it also counts the activations au
 backward in one forward pass: the tensors saved by the model's operations, parameters excluded.
 `fittrain estimate` (fittrain/launch/cli.py) prints the same for a `module:function` that builds
 the model. It counts tensors, not the allocator's overhead or the temporary full parameters
-FSDP2 gathers for the layer being computed (one layer's worth). Activations are counted for the
-whole model: under tensor parallelism, whose split layers save split activations, an upper bound.
+FSDP2 gathers for the layer being computed (one layer's worth). Under tensor parallelism the
+activations are counted on a copy of the model narrowed to one rank's split layers, which is what
+the rank computes with.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any
@@ -100,7 +102,11 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
             trainable += 1
     slots, step = OPTIMIZERS[optimizer]
     state = slots * grads + (_STEP_BYTES * trainable if step else 0)
-    return MemoryEstimate(params, grads, state, None if sample is None else saved_activation_bytes(model, sample))
+    if sample is None:
+        return MemoryEstimate(params, grads, state)
+    # Under tensor parallelism a rank computes with its split layers, whose activations are split too.
+    computing = _one_tp_rank(model, layout.tp_size) if layout.tp_size > 1 else model
+    return MemoryEstimate(params, grads, state, saved_activation_bytes(computing, sample))
 
 
 def _tensor_parallel_dims(model: nn.Module) -> dict[int, int]:
@@ -113,6 +119,22 @@ def _tensor_parallel_dims(model: nn.Module) -> dict[int, int]:
         for key, dim in split_dim(module, style).items():
             dims[id(getattr(module, key))] = dim
     return dims
+
+
+def _one_tp_rank(model: nn.Module, tp_size: int) -> nn.Module:
+    """A copy of `model` as one tp rank computes: each planned Linear or Embedding narrowed to its
+    split (a cheap copy for a model on the meta device)."""
+    from fittrain.distributed.strategies.tp_plan import resolve_plan, split_dim
+
+    local = copy.deepcopy(model)
+    for name, style in resolve_plan(local).items():
+        module = local.get_submodule(name)
+        for key, dim in split_dim(module, style).items():
+            whole = getattr(module, key)
+            shape = list(whole.shape)
+            shape[dim] = math.ceil(shape[dim] / tp_size)
+            setattr(module, key, nn.Parameter(whole.new_empty(shape), requires_grad=whole.requires_grad))
+    return local
 
 
 def _shard_numel(shape: list[int], shards: int) -> int:

@@ -23,7 +23,7 @@ from fittrain.distributed.strategies.tp_plan import plan_of, resolve_plan
 from support.jobs import load_script
 from support.results import assert_state_equal
 
-LAYOUTS = ("ddp", "fsdp", "hsdp", "tp", "fsdp_tp", "replicate_tp")
+LAYOUTS = tuple(load_script("gpt").LAYOUTS)  # DDP, FSDP2, HSDP, TP, FSDP2+TP, replication+TP
 #: Every layout sums each gradient in another order than one process (reduce-scatters, all-reduces
 #: of partial sums): the step losses agree to float32 rounding of the sums...
 LOSS_ATOL = 1e-5
@@ -162,19 +162,25 @@ def test_accumulation_compile_a_presplit_model_bf16_and_the_trainer_work(layouts
         assert trainer["strategy"] == "TensorParallelStrategy(dp_replicate=1, dp_shard=2, tp=2)"
 
 
+#: How far a forward's measured allocations may be from `estimate_memory`'s activations. Data-parallel
+#: layouts run the plain model, whose saved tensors the estimate counts: within 2% measured. Under TP
+#: the estimate runs a copy narrowed to one rank's split layers; DTensor's dispatch keeps a few more
+#: intermediates than that copy (measured: the estimate is 78-92% of what a rank allocates).
+ACTIVATION_TOLERANCE = {"ddp": 0.10, "fsdp": 0.10, "hsdp": 0.10, "tp": 0.25, "fsdp_tp": 0.25, "replicate_tp": 0.25}
+
+
 @pytest.mark.subprocess
-@pytest.mark.parametrize("layout, sizes", [("tp", dict(tp_size=4)), ("fsdp_tp", dict(dp_shard_size=2, tp_size=2)),
-                                           ("replicate_tp", dict(dp_replicate_size=2, tp_size=2))])
-def test_the_estimate_matches_what_each_rank_holds_under_tp(layouts_job: dict[str, Any], gpt: ModuleType,
-                                                            layout: str, sizes: dict[str, int]) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_estimate_matches_what_each_rank_holds(layouts_job: dict[str, Any], gpt: ModuleType, layout: str) -> None:
+    held = layouts_job["ranks"][0]["memory"][layout]  # rank 0 holds the largest (padded) shards
     with torch.device("meta"):
         model = gpt.GPT()
-    estimate = estimate_memory(model, ParallelismConfig(**sizes), "adamw")
-    held = layouts_job["ranks"][0]["memory"][layout]  # rank 0 holds the largest (padded) shards
-    for part in ("parameters", "gradients", "optimizer_state"):
+    sample = torch.zeros(held["batch"], dtype=torch.long, device="meta")
+    estimate = estimate_memory(model, ParallelismConfig(**gpt.LAYOUTS[layout]), "adamw", sample)
+    for part in ("parameters", "gradients", "optimizer_state"):  # the Done-when bound: 10%
         assert abs(getattr(estimate, part) - held[part]) <= 0.10 * held[part], (part, estimate, held)
-    whole = estimate_memory(model)
-    assert estimate.parameters < whole.parameters  # the split layers are most of this model
+    bound = ACTIVATION_TOLERANCE[layout]
+    assert abs(estimate.activations - held["activations"]) <= bound * held["activations"], (estimate, held)
 
 
 # ----------------------------------------------------------------- plans and bad input (one process)

@@ -19,6 +19,16 @@ from torch.utils.data import DataLoader, TensorDataset
 VOCAB, WIDTH, HEADS, LAYERS, LENGTH = 32, 16, 4, 2, 8
 GLOBAL_BATCH, SAMPLES, LR, MAX_NORM = 8, 32, 3e-3, 0.5
 
+#: The layouts of 4 processes the layout tests run (ParallelismConfig's sizes).
+LAYOUTS = {
+    "ddp": dict(dp_replicate_size=4),
+    "fsdp": dict(dp_shard_size=4),
+    "hsdp": dict(dp_replicate_size=2, dp_shard_size=2),
+    "tp": dict(tp_size=4),
+    "fsdp_tp": dict(dp_shard_size=2, tp_size=2),
+    "replicate_tp": dict(dp_replicate_size=2, tp_size=2),
+}
+
 
 class Block(nn.Module):
     """Pre-norm attention and MLP. The head count comes from the projections' width (`-1`), as in

@@ -11,7 +11,8 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
 - accumulate, compiled, split_by_hand, bf16: FSDP2+TP with gradient accumulation, compiled, and with
   a model split before prepare on `accelerator.torch_device_mesh["tp"]`; TP under bf16 autocast;
 - trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
-- memory: the bytes this rank holds under the tensor-parallel layouts, for `estimate_memory`.
+- memory: the bytes this rank holds under each layout, and what a forward leaves allocated, for
+  `estimate_memory`.
 """
 
 from __future__ import annotations
@@ -23,18 +24,13 @@ import sys
 from typing import Any
 
 import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 import gpt
 from fittrain import Accelerator, ParallelismConfig, Trainer, TrainModule
 
-LAYOUTS = {
-    "ddp": dict(dp_replicate_size=4),
-    "fsdp": dict(dp_shard_size=4),
-    "hsdp": dict(dp_replicate_size=2, dp_shard_size=2),
-    "tp": dict(tp_size=4),
-    "fsdp_tp": dict(dp_shard_size=2, tp_size=2),
-    "replicate_tp": dict(dp_replicate_size=2, tp_size=2),
-}
+LAYOUTS = gpt.LAYOUTS
 
 
 def _accelerator(layout: str, **options: Any) -> Accelerator:
@@ -170,18 +166,31 @@ def _local_bytes(tensors: Any) -> int:
     return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
 
 
+def _forward_bytes(model: nn.Module, tokens: torch.Tensor) -> int:
+    """What one forward leaves allocated (the activations saved for backward, and the output): the
+    net of the CPU allocations torch's profiler records while it runs."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        output = model(tokens)
+    del output
+    return sum(event.self_cpu_memory_usage for event in prof.events())
+
+
 def memory(out: pathlib.Path) -> dict[str, Any]:
-    """The bytes this rank holds after an AdamW step under each tensor-parallel layout."""
+    """The bytes this rank holds after an AdamW step, and what a forward leaves allocated, per layout."""
     held = {}
-    for name in ("tp", "fsdp_tp", "replicate_tp"):
+    for name in LAYOUTS:
         acc = _accelerator(name)
         model, optimizer, loader = gpt.prepared(acc)
-        acc.backward(gpt.loss_of(model, next(iter(loader))[0]))
+        tokens = next(iter(loader))[0]
+        acc.backward(gpt.loss_of(model, tokens))
         optimizer.step()
         states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        # A batch large enough that its activations, not the few buffers a forward also keeps, count.
+        probe = torch.randint(0, gpt.VOCAB, (64, gpt.LENGTH), generator=torch.Generator().manual_seed(3))
         held[name] = {"parameters": _local_bytes(model.parameters()),
                       "gradients": _local_bytes(p.grad for p in model.parameters()),
-                      "optimizer_state": _local_bytes(states)}
+                      "optimizer_state": _local_bytes(states),
+                      "activations": _forward_bytes(model, probe), "batch": tuple(probe.shape)}
     return held
 
 
