@@ -130,10 +130,11 @@ def test_a_fsdp_tp_checkpoint_loads_under_every_layout_and_offline(layouts_job: 
 
 
 @pytest.mark.subprocess
-def test_a_full_checkpoint_saved_under_tp_loads_under_fsdp_tp(layouts_job: dict[str, Any]) -> None:
+def test_full_checkpoints_and_save_model_under_tp(layouts_job: dict[str, Any]) -> None:
     full = layouts_job["ranks"][0]["full"]
     assert "model.safetensors" in full["files"] and "shards" not in full["files"]
     assert_state_equal(full["loaded"], full["saved"])
+    assert_state_equal(load_model_weights(layouts_job["out"] / "tp_model"), full["saved"])  # save_model
 
 
 @pytest.mark.subprocess

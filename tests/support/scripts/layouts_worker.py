@@ -7,7 +7,8 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
   the first batch's sample indices and every sample index seen (gather_for_metrics);
 - cross: the FSDP2+TP checkpoint loaded under each other layout;
 - elastic: a (dp_shard 2, tp 2) run stopped after 3 steps, saved, and resumed as (dp_shard 4);
-- full: a full (gathered) checkpoint saved under TP, loaded under FSDP2+TP;
+- full: a full (gathered) checkpoint and save_model's weights saved under TP; the checkpoint loaded
+  under FSDP2+TP;
 - accumulate, compiled, split_by_hand, bf16: FSDP2+TP with gradient accumulation, compiled, and with
   a model split before prepare on `accelerator.torch_device_mesh["tp"]`; TP under bf16 autocast;
 - trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
@@ -100,6 +101,7 @@ def full(out: pathlib.Path) -> dict[str, Any]:
     gpt.train_epoch(acc, model, optimizer, loader)
     saved = gpt.full_state(acc, model)
     acc.save_state(out / "full_checkpoint")
+    acc.save_model(model, out / "tp_model")  # the whole weights, streamed from the split ones
     acc = _accelerator("fsdp_tp")
     model, _, _ = gpt.prepared(acc, seed=5)
     acc.load_state(out / "full_checkpoint")
