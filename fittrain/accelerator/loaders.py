@@ -62,10 +62,9 @@ def prepare_loader(accelerator: "Accelerator", data_loader: Any, device: torch.d
 def data_parallel_ranks(accelerator: "Accelerator") -> tuple[int, int]:
     """(number of data-parallel ranks, this process's): the processes and this one's index, unless
     a `parallelism_config` puts several processes in one tensor-parallel group, which share a rank."""
-    state, layout = accelerator.state, accelerator.parallelism_config
-    if layout is None:
-        return state.num_processes, state.process_index
-    return layout.data_parallel_size, layout.data_parallel_rank(state.process_index)
+    layout = accelerator.parallelism_config
+    size = accelerator.state.num_processes if layout is None else layout.data_parallel_size
+    return size, accelerator.data_parallel_rank
 
 
 def _check_same_length(accelerator: "Accelerator", length: int, unit: str) -> None:

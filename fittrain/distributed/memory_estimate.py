@@ -87,15 +87,12 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
     if layout.cp_size > 1:
         raise ValueError(f"estimate_memory covers the layouts fittrain runs: data parallel, FSDP2, HSDP and tensor "
                          f"parallel. Received: cp_size={layout.cp_size}. Use cp_size=1.")
-    split = _tensor_parallel_dims(model) if layout.tp_size > 1 else {}
+    # Under tensor parallelism a rank holds, and computes with, its split of the planned layers.
+    computing = _one_tp_rank(model, layout.tp_size) if layout.tp_size > 1 else model
     params = grads = 0
     trainable = 0
-    for parameter in model.parameters():
-        shape = list(parameter.shape)
-        if id(parameter) in split:
-            dim = split[id(parameter)]
-            shape[dim] = math.ceil(shape[dim] / layout.tp_size)
-        nbytes = _shard_numel(shape, layout.dp_shard_size) * parameter.element_size()
+    for parameter in computing.parameters():
+        nbytes = _shard_numel(list(parameter.shape), layout.dp_shard_size) * parameter.element_size()
         params += nbytes
         if parameter.requires_grad:
             grads += nbytes
@@ -104,21 +101,7 @@ def estimate_memory(model: nn.Module, layout: ParallelismConfig | None = None, o
     state = slots * grads + (_STEP_BYTES * trainable if step else 0)
     if sample is None:
         return MemoryEstimate(params, grads, state)
-    # Under tensor parallelism a rank computes with its split layers, whose activations are split too.
-    computing = _one_tp_rank(model, layout.tp_size) if layout.tp_size > 1 else model
     return MemoryEstimate(params, grads, state, saved_activation_bytes(computing, sample))
-
-
-def _tensor_parallel_dims(model: nn.Module) -> dict[int, int]:
-    """id(parameter) -> the dimension tensor parallelism splits it along, for the split ones."""
-    from fittrain.distributed.strategies.tp_plan import resolve_plan, split_dim
-
-    dims: dict[int, int] = {}
-    for name, style in resolve_plan(model).items():
-        module = model.get_submodule(name)
-        for key, dim in split_dim(module, style).items():
-            dims[id(getattr(module, key))] = dim
-    return dims
 
 
 def _one_tp_rank(model: nn.Module, tp_size: int) -> nn.Module:
