@@ -63,6 +63,7 @@ CASES = [
     pytest.param(Case("checkpoint", ("--fsdp-table", "--sizes", "1", "--processes", "2", "--rounds", "1"), True,
                       ("1 | 2",)), id="checkpoint-fsdp-table"),
     pytest.param(Case("ddp", ("--steps", "4", "--rounds", "1"), False), id="ddp"),
+    pytest.param(Case("layouts", ("--smoke",), True, ("DDP", "FSDP2", "HSDP", "TP", "FSDP2+TP")), id="layouts"),
     pytest.param(Case("fault_tolerance", ("--scenarios", "worker", "--steps", "60", "--every", "10", "--kill-at",
                                           "30"), True, ("worker killed",)), id="fault_tolerance"),
     pytest.param(Case("gpu", ("--device", "cpu", "--quick"), True), id="gpu-on-cpu"),
