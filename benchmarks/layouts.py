@@ -25,7 +25,8 @@ in even rounds and fittrain first in odd ones, so drift on a shared machine hits
 even --rounds balances the orders). A run is one epoch of `--steps` optimizer steps between two
 barriers; building the mesh, the model, its parallelization and the loader is outside the clock.
 The headline is rank 0's median step time over every timed step of every round (the collectives
-keep the ranks in step). Beside it, as cross-checks: the median over rounds of whole-epoch time
+keep the ranks in step). Beside it, the lowest and highest ratio of one round's median step times
+show how noisy one round is, and, as cross-checks: the median over rounds of whole-epoch time
 ratios (rank 0), and of CPU time ratios (the 4 processes' CPU seconds summed: what the loops cost,
 whatever the scheduling of 4 processes on fewer cores did to the wall clock).
 Target: fittrain at most 1.05x the hand loop in every layout.
@@ -387,7 +388,9 @@ def _cpu(ranks: list[dict[str, Any]], name: str, loop: str) -> list[float]:
 
 def _summary(ranks: list[dict[str, Any]], name: str) -> dict[str, Any]:
     runs = {loop: ranks[0]["runs"][f"{name}/{loop}"] for loop in LOOPS}
+    pairs = list(zip(runs["fittrain"], runs["hand"]))
     step_ms = {loop: statistics.median(t for run in runs[loop] for t in run["steps"]) * 1e3 for loop in LOOPS}
+    rounds = [statistics.median(f["steps"]) / statistics.median(h["steps"]) for f, h in pairs]
     held = {loop: {kind: max(r["held"][f"{name}/{loop}"][kind] for r in ranks) for kind in KINDS} for loop in LOOPS}
     peaks: dict[str, float | None] = {}
     for loop in LOOPS:
@@ -395,8 +398,8 @@ def _summary(ranks: list[dict[str, Any]], name: str) -> dict[str, Any]:
         known = [statistics.median(p) for p in per_rank if p and None not in p]
         peaks[loop] = max(known) / 1024 if len(known) == len(ranks) else None
     estimate = ranks[0]["estimates"][name]
-    return {"step_ms": step_ms, "ratio": step_ms["fittrain"] / step_ms["hand"],
-            "run_ratio": statistics.median(f["run"] / h["run"] for f, h in zip(runs["fittrain"], runs["hand"])),
+    return {"step_ms": step_ms, "ratio": step_ms["fittrain"] / step_ms["hand"], "rounds": (min(rounds), max(rounds)),
+            "run_ratio": statistics.median(f["run"] / h["run"] for f, h in pairs),
             "cpu_ratio": statistics.median(f / h for f, h in zip(*(_cpu(ranks, name, loop) for loop in LOOPS[::-1]))),
             "held": held, "peak_mib": peaks,
             "estimate": {kind: estimate[kind] / held["fittrain"][kind] if held["fittrain"][kind] else float("nan")
@@ -415,28 +418,23 @@ def _peak(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def _row(name: str, s: dict[str, Any]) -> str:
+    cells = [LAYOUTS[name][0], str(LAYOUTS[name][1]), f"{s['step_ms']['hand']:.2f}", f"{s['step_ms']['fittrain']:.2f}",
+             f"{s['ratio']:.3f}×", f"{s['rounds'][0]:.3f}–{s['rounds'][1]:.3f}", f"{s['run_ratio']:.3f}×",
+             f"{s['cpu_ratio']:.3f}×", _mib(s["held"]["hand"]), _mib(s["held"]["fittrain"]), _ratios(s["estimate"]),
+             f"{_peak(s['peak_mib']['hand'])} / {_peak(s['peak_mib']['fittrain'])}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = ("layout", "mesh (rep, shard, tp)", "hand ms/step", "fittrain ms/step", "ratio", "rounds' ratios", "run ratio",
+          "CPU ratio", "held MiB hand: param / grad / optim", "held MiB fittrain", "estimate / fittrain's held",
+          "extra peak RSS MiB hand / fittrain")
+
+
 def _table(ranks: list[dict[str, Any]], args: argparse.Namespace) -> str:
     shape = _shape(args)
     parameters = sum(p.numel() for p in GPT(shape).parameters())
     summaries = {name: _summary(ranks, name) for name in args.layouts}
-    lines = [
-        f"{PROCESSES} processes (gloo, CPU, 1 thread each), torch {torch.__version__}; GPT: vocab {shape.vocab}, "
-        f"width {shape.width}, {shape.heads} heads, {shape.layers} blocks, {parameters / 1e6:.2f}M parameters; "
-        f"AdamW, no clipping; global batch {shape.batch} × {shape.length} tokens; {args.steps} steps/run, "
-        f"{args.rounds} rounds, loops alternating",
-        "",
-        "| layout | mesh (rep, shard, tp) | hand ms/step | fittrain ms/step | ratio | run ratio | CPU ratio | "
-        "held MiB hand: param / grad / optim | held MiB fittrain | estimate / fittrain's: param / grad / optim | "
-        "extra peak RSS MiB hand / fittrain |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in args.layouts:
-        s = summaries[name]
-        lines.append(
-            f"| {LAYOUTS[name][0]} | {LAYOUTS[name][1]} | {s['step_ms']['hand']:.2f} | {s['step_ms']['fittrain']:.2f} "
-            f"| {s['ratio']:.3f}× | {s['run_ratio']:.3f}× | {s['cpu_ratio']:.3f}× | {_mib(s['held']['hand'])} "
-            f"| {_mib(s['held']['fittrain'])} | {_ratios(s['estimate'])} "
-            f"| {_peak(s['peak_mib']['hand'])} / {_peak(s['peak_mib']['fittrain'])} |")
     worst_name = max(summaries, key=lambda n: summaries[n]["ratio"])
     worst = summaries[worst_name]["ratio"]
     errors = {(n, kind): abs(s["estimate"][kind] - 1) for n, s in summaries.items() for kind in KINDS}
@@ -444,25 +442,31 @@ def _table(ranks: list[dict[str, Any]], args: argparse.Namespace) -> str:
     worst_estimate = summaries[worst_error[0]]["estimate"][worst_error[1]]
     step_verdict = "within" if worst <= TARGET_STEP_RATIO else "OVER"
     estimate_verdict = "within" if all(e <= TARGET_ESTIMATE_ERROR for e in errors.values()) else "OUTSIDE"
-    maxrss = [r["maxrss_kb"] / 1024 for r in ranks]
-    lines += [
+    maxrss = ", ".join(f"{r['maxrss_kb'] / 1024:.0f}" for r in ranks)
+    return "\n".join([
+        f"{PROCESSES} processes (gloo, CPU, 1 thread each), torch {torch.__version__}; GPT: vocab {shape.vocab}, "
+        f"width {shape.width}, {shape.heads} heads, {shape.layers} blocks, {parameters / 1e6:.2f}M parameters; "
+        f"AdamW, no clipping; global batch {shape.batch} × {shape.length} tokens; {args.steps} steps/run, "
+        f"{args.rounds} rounds, loops alternating",
         "",
-        "ms/step: rank 0's median over every timed step; ratio: fittrain / hand of those (target ≤ "
-        f"{TARGET_STEP_RATIO}×); run ratio: median over rounds of whole-epoch time ratios; CPU ratio: the same for the "
+        "| " + " | ".join(HEADER) + " |",
+        "|---|---|" + "---:|" * (len(HEADER) - 2),
+        *(_row(name, summaries[name]) for name in args.layouts),
+        "",
+        f"ms/step: rank 0's median over every timed step; ratio: fittrain / hand of those (target ≤ "
+        f"{TARGET_STEP_RATIO}×); rounds' ratios: the lowest and highest of that ratio within one round (the noise "
+        "of one round); run ratio: median over rounds of whole-epoch time ratios; CPU ratio: the same for the "
         "processes' summed CPU time.",
-        "held: parameters / gradients / AdamW state (moments, step counters) after the first step, local "
-        "shards, the largest rank; estimate: estimate_memory(meta model, layout, 'adamw') over fittrain's "
-        f"held bytes (target within {TARGET_ESTIMATE_ERROR:.0%}).",
+        "held: parameters / gradients / AdamW state (moments, step counters) after the first step, local shards, "
+        "the largest rank; estimate: estimate_memory(meta model, layout, 'adamw') over fittrain's held bytes, "
+        f"param / grad / optim (target within {TARGET_ESTIMATE_ERROR:.0%}).",
         "extra peak RSS: VmHWM over the RSS just before the run (high-water mark reset, heap trimmed), median over "
         "rounds, the largest rank.",
-        f"ru_maxrss per rank over the whole job (every layout, both loops, not one loop's): "
-        f"{', '.join(f'{m:.0f}' for m in maxrss)} MiB.",
+        f"ru_maxrss per rank over the whole job (every layout, both loops, not one loop's): {maxrss} MiB.",
         f"Verdict: step time {step_verdict} the {TARGET_STEP_RATIO}× target (worst {worst:.3f}×, "
-        f"{LAYOUTS[worst_name][0]}); "
-        f"estimates {estimate_verdict} {TARGET_ESTIMATE_ERROR:.0%} of measured (furthest: {worst_estimate:.3f}×, "
-        f"{LAYOUTS[worst_error[0]][0]} {worst_error[1].replace('_', ' ')}).",
-    ]
-    return "\n".join(lines)
+        f"{LAYOUTS[worst_name][0]}); estimates {estimate_verdict} {TARGET_ESTIMATE_ERROR:.0%} of measured "
+        f"(furthest: {worst_estimate:.3f}×, {LAYOUTS[worst_error[0]][0]} {worst_error[1].replace('_', ' ')}).",
+    ])
 
 
 def main(argv: list[str] | None = None) -> None:
