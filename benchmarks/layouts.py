@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     """Runs the benchmark (or, with --worker, one process of it) and prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per timed run (default 20; --smoke 2)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed runs of each loop per layout (default 4; "
+    parser.add_argument("--rounds", type=int, default=None, help="timed runs of each loop per layout (default 6; "
                                                                   "--smoke 1)")
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS), help="layouts to run")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, 2 steps, 1 round: checks that it runs")
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.steps = args.steps or (2 if args.smoke else 20)
-    args.rounds = args.rounds or (1 if args.smoke else 4)
+    args.rounds = args.rounds or (1 if args.smoke else 6)
     args.layouts = list(dict.fromkeys(args.layouts))
     shape = _shape(args)
     if shape.batch % PROCESSES or shape.width % (shape.heads * PROCESSES):
