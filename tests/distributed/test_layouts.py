@@ -91,6 +91,10 @@ def test_data_follows_the_data_parallel_ranks_only(layouts_job: dict[str, Any], 
         assert [ranks[r][layout]["ranks"][0] for r in range(4)] == dp_ranks  # Accelerator.data_parallel_rank
         # gather_for_metrics gives each sample of the epoch once, not once per tp rank.
         assert sorted(ranks[0][layout]["seen"]) == list(range(gpt.SAMPLES)), layout
+    streams = [rank["stream"] for rank in layouts_job["ranks"]]  # an IterableDataset follows the same rule
+    assert streams[0]["first_batch"] == streams[1]["first_batch"] != streams[2]["first_batch"]
+    assert streams[2]["first_batch"] == streams[3]["first_batch"]
+    assert sorted(streams[0]["seen"]) == list(range(gpt.SAMPLES))
 
 
 @pytest.mark.subprocess

@@ -81,6 +81,14 @@ def make_loader(batch_size: int) -> DataLoader:
                       generator=torch.Generator().manual_seed(7))
 
 
+class TokenStream(torch.utils.data.IterableDataset):
+    """The same sequences and indices as `make_loader`'s, in order, as a stream."""
+
+    def __iter__(self) -> Any:
+        tokens, index = make_loader(1).dataset.tensors
+        return iter(zip(tokens, index))
+
+
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     logits = model(tokens[:, :-1])
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))

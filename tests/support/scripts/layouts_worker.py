@@ -7,6 +7,7 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
   the first batch's sample indices and every sample index seen (gather_for_metrics);
 - cross: the FSDP2+TP checkpoint loaded under each other layout;
 - elastic: a (dp_shard 2, tp 2) run stopped after 3 steps, saved, and resumed as (dp_shard 4);
+- stream: an IterableDataset's loader under (dp_shard 2, tp 2);
 - full: a full (gathered) checkpoint and save_model's weights saved under TP; the checkpoint loaded
   under FSDP2+TP;
 - accumulate, compiled, split_by_hand, bf16: FSDP2+TP with gradient accumulation, compiled, and with
@@ -93,6 +94,18 @@ def elastic(out: pathlib.Path) -> dict[str, Any]:
     rest = acc.skip_first_batches(loader, loader.position.batches_consumed)  # Accelerate's resume pattern
     gpt.train_epoch(acc, model, optimizer, rest, after)
     return {"before": before, "after": after}
+
+
+def stream(out: pathlib.Path) -> dict[str, Any]:
+    """A stream (IterableDataset) under FSDP2+TP: dealt by data-parallel rank too."""
+    acc = _accelerator("fsdp_tp")
+    model = gpt.make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=gpt.LR)
+    loader = torch.utils.data.DataLoader(gpt.TokenStream(), batch_size=gpt.GLOBAL_BATCH // 2)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    seen: list[int] = []
+    gpt.train_epoch(acc, model, optimizer, loader, seen)
+    return {"seen": seen, "first_batch": next(iter(loader))[1].tolist()}
 
 
 def full(out: pathlib.Path) -> dict[str, Any]:
@@ -196,8 +209,9 @@ def memory(out: pathlib.Path) -> dict[str, Any]:
     return held
 
 
-SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "full": full, "accumulate": accumulate,
-             "compiled": compiled, "split_by_hand": split_by_hand, "bf16": bf16, "trainer": trainer, "memory": memory}
+SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "stream": stream, "full": full,
+             "accumulate": accumulate, "compiled": compiled, "split_by_hand": split_by_hand, "bf16": bf16,
+             "trainer": trainer, "memory": memory}
 
 
 def main() -> None:
