@@ -198,8 +198,9 @@ class CompatMethods:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (`strategy="fsdp"` on several processes)."""
-        return self.distributed_strategy.is_sharding
+        """Whether models are sharded with FSDP2 (`strategy="fsdp"`, or a layout's `dp_shard_size > 1`,
+        on several processes): Accelerate's `distributed_type == FSDP`, not tensor parallelism alone."""
+        return self.distributed_type.value == "FSDP"
 
     @property
     def torch_device_mesh(self) -> Any:
