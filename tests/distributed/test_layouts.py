@@ -164,8 +164,11 @@ def test_accumulation_compile_a_presplit_model_bf16_and_the_trainer_work(layouts
     assert all(loss == loss and abs(loss - ref) < 0.05 for loss, ref in zip(losses, one_process["losses"]))
     for rank in layouts_job["ranks"]:
         trainer = rank["trainer"]
-        assert trainer["steps"] == gpt.SAMPLES // gpt.GLOBAL_BATCH and trainer["loss"] == trainer["loss"]
+        assert trainer["steps"] == trainer["resumed_steps"] == 2 * gpt.SAMPLES // gpt.GLOBAL_BATCH
+        assert trainer["loss"] == trainer["loss"]  # finite
         assert trainer["strategy"] == "TensorParallelStrategy(dp_replicate=1, dp_shard=2, tp=2)"
+    # Trainer(resume_from=...) from the checkpoint after step 3 of 8 ends bitwise where the whole fit did.
+    assert_state_equal(rank0["trainer"]["resumed"], rank0["trainer"]["weights"])
 
 
 #: How far a forward's measured allocations may be from `estimate_memory`'s activations. Data-parallel

@@ -12,7 +12,8 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
   under FSDP2+TP;
 - accumulate, compiled, split_by_hand, bf16: FSDP2+TP with gradient accumulation, compiled, and with
   a model split before prepare on `accelerator.torch_device_mesh["tp"]`; TP under bf16 autocast;
-- trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule;
+- trainer: `Trainer(parallelism_config=...)` with the model inside a TrainModule, and the same fit
+  resumed from a mid-epoch checkpoint;
 - memory: the bytes this rank holds under each layout, and what a forward leaves allocated, for
   `estimate_memory`.
 """
@@ -31,6 +32,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import gpt
 from fittrain import Accelerator, ParallelismConfig, Trainer, TrainModule
+from fittrain.callbacks import Checkpointer
+from fittrain.checkpoint.run_folders import run_folder
 
 LAYOUTS = gpt.LAYOUTS
 
@@ -170,12 +173,21 @@ class _LanguageModel(TrainModule):
         return torch.optim.AdamW(self.parameters(), lr=gpt.LR)
 
 
-def trainer(out: pathlib.Path) -> dict[str, Any]:
-    fit = Trainer(parallelism_config=ParallelismConfig(**LAYOUTS["fsdp_tp"]), max_epochs=1,
-                  project_dir=out / "trainer", enable_progress_bar=False)
+def _fit(project: pathlib.Path, resume: str | None = None) -> Trainer:
+    fit = Trainer(parallelism_config=ParallelismConfig(**LAYOUTS["fsdp_tp"]), max_epochs=2, project_dir=project,
+                  enable_progress_bar=False, callbacks=[Checkpointer(every_n_steps=3)], resume_from=resume)
     fit.fit(_LanguageModel(), gpt.make_loader(gpt.GLOBAL_BATCH // 2))
-    return {"loss": float(fit.state.loss), "steps": fit.state.global_step,
-            "strategy": repr(fit.accelerator.distributed_strategy)}
+    return fit
+
+
+def trainer(out: pathlib.Path) -> dict[str, Any]:
+    """Two epochs of `Trainer.fit`, then the same fit resumed from its checkpoint after step 3 (mid-epoch)."""
+    whole = _fit(out / "trainer")
+    weights = gpt.full_state(whole.accelerator, whole.model)
+    resumed = _fit(out / "trainer", resume=str(run_folder(out / "trainer") / "checkpoint_0"))
+    return {"loss": float(whole.state.loss), "steps": whole.state.global_step,
+            "strategy": repr(whole.accelerator.distributed_strategy), "weights": weights,
+            "resumed": gpt.full_state(resumed.accelerator, resumed.model), "resumed_steps": resumed.state.global_step}
 
 
 def _local_bytes(tensors: Any) -> int:
