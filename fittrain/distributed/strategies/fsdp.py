@@ -39,6 +39,8 @@ class FSDP2Strategy(Strategy):
         super().__init__(state)
         self.fsdp_classes = fsdp_classes
         self.mesh_shape, self.mesh_dim_names = mesh or ((state.num_processes,), ("dp_shard",))
+        # The whole run's mesh: FSDP2's own here; a strategy that adds dimensions widens it.
+        self._world: tuple[tuple[int, ...], tuple[str, ...]] = (self.mesh_shape, self.mesh_dim_names)
         self._mesh: Any = None
 
     def device_mesh(self) -> Any:
@@ -47,7 +49,8 @@ class FSDP2Strategy(Strategy):
         if self._mesh is None and self.state.is_distributed:
             from torch.distributed.device_mesh import init_device_mesh  # FSDP2's modules load only when sharding
 
-            self._mesh = init_device_mesh(self.state.device.type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
+            shape, names = self._world
+            self._mesh = init_device_mesh(self.state.device.type, shape, mesh_dim_names=names)
         return self._mesh
 
     def _wrap(self, model: nn.Module) -> nn.Module:

@@ -17,8 +17,6 @@ optimizer state is keyed by parameter name. Gradient norms are taken per mesh (`
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from fittrain.distributed.layout import REPLICATE_DIM, SHARD_DIM, TP_DIM, ParallelismConfig
@@ -40,16 +38,9 @@ class TensorParallelStrategy(FSDP2Strategy):
                  fsdp_classes: tuple[type, ...] | None = None) -> None:
         super().__init__(state, fsdp_classes, layout.fsdp_mesh)
         self.layout = layout
-
-    def device_mesh(self) -> Any:
-        """The whole (dp_replicate, dp_shard, tp) mesh, built at the first wrap."""
-        if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh  # loaded only when parallelizing
-
-            sizes = (self.layout.dp_replicate_size, self.layout.dp_shard_size, self.layout.tp_size)
-            self._mesh = init_device_mesh(self.state.device.type, sizes,
-                                          mesh_dim_names=(REPLICATE_DIM, SHARD_DIM, TP_DIM))
-        return self._mesh
+        # device_mesh() is the whole (dp_replicate, dp_shard, tp) mesh; FSDP2 takes its dp dimensions.
+        self._world = ((layout.dp_replicate_size, layout.dp_shard_size, layout.tp_size),
+                       (REPLICATE_DIM, SHARD_DIM, TP_DIM))
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module  # loaded only when parallelizing
