@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from fittrain.distributed.process_state import ProcessState
-from fittrain.distributed.strategies import norms
 from fittrain.distributed.strategies.parameters import ReplacedParameters, rebind_optimizer, rekeyed
 from fittrain.distributed.wrappers import unwrap
 
@@ -127,7 +126,7 @@ class Strategy:
         Returns:
             The total norm before clipping, a whole tensor on every process.
         """
-        return norms.clip_grad_norm_(parameters, max_norm, norm_type)
+        return _whole(torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type))
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Clamps every gradient element to [-clip_value, clip_value]."""
@@ -135,7 +134,7 @@ class Strategy:
 
     def grad_norm(self, parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
         """The total norm of the gradients of `parameters` (those that have one), unchanged."""
-        return norms.total_norm([p.grad for p in parameters if p.grad is not None], norm_type)
+        return _whole(torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None], norm_type))
 
     # ----------------------------------------------------------------- full state
     def full_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
@@ -196,3 +195,7 @@ class Strategy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_processes={self.state.num_processes})"
 
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    # Under FSDP2 a norm over sharded gradients is a DTensor; callers record and compare the full value.
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

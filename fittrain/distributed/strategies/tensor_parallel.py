@@ -17,10 +17,14 @@ optimizer state is keyed by parameter name. Gradient norms are taken per mesh (`
 
 from __future__ import annotations
 
+from typing import Iterable
+
+import torch
 from torch import nn
 
 from fittrain.distributed.layout import REPLICATE_DIM, SHARD_DIM, TP_DIM, ParallelismConfig
 from fittrain.distributed.process_state import ProcessState
+from fittrain.distributed.strategies import norms
 from fittrain.distributed.strategies.fsdp import FSDP2Strategy
 from fittrain.distributed.strategies.tp_plan import resolve_plan
 
@@ -55,6 +59,15 @@ class TensorParallelStrategy(FSDP2Strategy):
         if self.layout.data_parallel_size > 1:
             self._shard(model, mesh[self.mesh_dim_names])
         return model
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
+        """Clips by the total norm over every mesh: the split layers' gradients are DTensors on the tp
+        mesh (or FSDP2's), the others not, and torch's own clip refuses such a mix (`norms.py`)."""
+        return norms.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def grad_norm(self, parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+        return norms.total_norm([p.grad for p in parameters if p.grad is not None], norm_type)
 
     def holds_shards(self, model: nn.Module) -> bool:
         """Whether any of `model`'s parameters is a DTensor (split by the plan, or sharded by FSDP2)."""

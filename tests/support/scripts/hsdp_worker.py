@@ -14,8 +14,6 @@ Run as `hsdp_worker.py --out DIR` on 4 ranks; each rank saves what it saw to DIR
 
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
 import sys
 from typing import Any
@@ -91,10 +89,6 @@ def trainer(out: pathlib.Path) -> dict[str, Any]:
             "steps": fit.state.global_step}
 
 
-def _local_bytes(tensors: Any) -> int:
-    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
-
-
 def memory(out: pathlib.Path) -> dict[str, Any]:
     held = {}
     layouts = (("hsdp", dict(parallelism_config=ParallelismConfig(**HSDP))), ("fsdp", dict(strategy="fsdp")))
@@ -105,23 +99,12 @@ def memory(out: pathlib.Path) -> dict[str, Any]:
         x, y = next(iter(training.make_loader(32, 4)))
         acc.backward(F.mse_loss(model(x), y))
         optimizer.step()
-        states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-        held[name] = {"parameters": _local_bytes(model.parameters()),
-                      "gradients": _local_bytes(p.grad for p in model.parameters()),
-                      "optimizer_state": _local_bytes(states)}
+        held[name] = training.held_bytes(model, optimizer)
     return held
 
 
 SCENARIOS = {"train": train, "resume": resume, "as_fsdp": as_fsdp, "trainer": trainer, "memory": memory}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=pathlib.Path, required=True)
-    args = parser.parse_args()
-    results = {name: scenario(args.out) for name, scenario in SCENARIOS.items()}
-    torch.save(results, args.out / f"rank{os.environ['RANK']}.pt")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(training.run_scenarios(SCENARIOS))

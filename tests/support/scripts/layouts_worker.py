@@ -20,8 +20,6 @@ Run as `layouts_worker.py --out DIR` on 4 ranks; each rank saves what it saw to 
 
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
 import sys
 from typing import Any
@@ -31,6 +29,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import gpt
+import training
 from fittrain import Accelerator, ParallelismConfig, Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 from fittrain.checkpoint.run_folders import run_folder
@@ -190,10 +189,6 @@ def trainer(out: pathlib.Path) -> dict[str, Any]:
             "resumed": gpt.full_state(resumed.accelerator, resumed.model), "resumed_steps": resumed.state.global_step}
 
 
-def _local_bytes(tensors: Any) -> int:
-    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
-
-
 def _forward_bytes(model: nn.Module, tokens: torch.Tensor) -> int:
     """What one forward leaves allocated (the activations saved for backward, and the output): the
     net of the CPU allocations torch's profiler records while it runs. The least of 3 forwards: a
@@ -216,13 +211,10 @@ def memory(out: pathlib.Path) -> dict[str, Any]:
         tokens = next(iter(loader))[0]
         acc.backward(gpt.loss_of(model, tokens))
         optimizer.step()
-        states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
         # A batch large enough that its activations, not the few buffers a forward also keeps, count.
         probe = torch.randint(0, gpt.VOCAB, (64, gpt.LENGTH), generator=torch.Generator().manual_seed(3))
-        held[name] = {"parameters": _local_bytes(model.parameters()),
-                      "gradients": _local_bytes(p.grad for p in model.parameters()),
-                      "optimizer_state": _local_bytes(states),
-                      "activations": _forward_bytes(model, probe), "batch": tuple(probe.shape)}
+        held[name] = {**training.held_bytes(model, optimizer), "activations": _forward_bytes(model, probe),
+                      "batch": tuple(probe.shape)}
     return held
 
 
@@ -231,13 +223,5 @@ SCENARIOS = {"layouts": layouts, "cross": cross, "elastic": elastic, "stream": s
              "trainer": trainer, "memory": memory}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=pathlib.Path, required=True)
-    args = parser.parse_args()
-    results = {name: scenario(args.out) for name, scenario in SCENARIOS.items()}
-    torch.save(results, args.out / f"rank{os.environ['RANK']}.pt")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(training.run_scenarios(SCENARIOS))

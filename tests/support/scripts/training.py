@@ -8,6 +8,9 @@ seed, the data from its own generator, and the shuffle from the DataLoader's gen
 
 from __future__ import annotations
 
+import argparse
+import os
+import pathlib
 from typing import Any, Callable
 
 import torch
@@ -86,3 +89,23 @@ RUNS = {
     "plain": (4, 32, 1),
     "accumulate": (4, 80, 4),
 }
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients and optimizer state (a DTensor's local part), for
+    `fittrain.distributed.memory_estimate` to be compared with."""
+    def local(tensors: Any) -> int:
+        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
+
+    states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    return {"parameters": local(model.parameters()), "gradients": local(p.grad for p in model.parameters()),
+            "optimizer_state": local(states)}
+
+
+def run_scenarios(scenarios: dict[str, Callable[[pathlib.Path], Any]]) -> None:
+    """A worker's main: `--out DIR`; runs every scenario in order and saves their results to DIR/rank{r}.pt."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    args = parser.parse_args()
+    results = {name: scenario(args.out) for name, scenario in scenarios.items()}
+    torch.save(results, args.out / f"rank{os.environ['RANK']}.pt")
