@@ -101,7 +101,8 @@ class GradientState:
         `sync_with_dataloader` is False: the window then carries over into the next pass).
         """
         self.batches_seen += 1
-        ends_data = self.end_of_dataloader and self.sync_with_dataloader
+        passes = self._passes  # `end_of_dataloader`, read without two property calls: this runs every batch
+        ends_data = (passes[-1] if passes else self._idle).end_of_dataloader and self.sync_with_dataloader
         self.sync_gradients = self.batches_seen % self.num_steps == 0 or ends_data
         if ends_data:
             self.batches_seen = 0

@@ -136,6 +136,9 @@ def find_hang(rank: int, steps: int, overdue: float, bound: float, peers: Sequen
 class StepWindow:
     """What the loop tells a watchdog; for one process, nothing: no peer can hang."""
 
+    #: Whether anything watches: the loop skips `begin`/`end` per step when nothing does.
+    watching = False
+
     def begin(self) -> None:
         """A training step starts."""
 
@@ -158,6 +161,8 @@ class HangWatchdog(StepWindow):
         on_hang: Called with the message and the stopped peers when the job hangs; default
             `end_job` (which exits the process).
     """
+
+    watching = True
 
     def __init__(self, store: Any, rank: int, world_size: int, timeout: float | str = AUTO,
                  on_hang: Callable[[str, Sequence[Peer]], None] | None = None) -> None:

@@ -30,6 +30,7 @@ class WholeEpochs(ValidationSchedule):
 
     def __init__(self, schedule: ValidationSchedule, trainer: "Trainer") -> None:
         self.schedule, self.trainer = schedule, trainer
+        self.mid_epoch = schedule.mid_epoch
 
     def after_step(self, state: "TrainState") -> bool:
         return self.schedule.after_step(state)

@@ -62,6 +62,9 @@ class FullPrecision:
     """Precision "no": every method is a no-op or a plain call."""
 
     name = "no"
+    #: Autocasts nothing and scales nothing: backward and the optimizer step are torch's own calls,
+    #: which the Trainer then makes directly (fittrain/trainer/optimization.py).
+    plain = True
     # nullcontext is reusable and stateless: one instance serves every step.
     _NO_AUTOCAST = contextlib.nullcontext()
 
@@ -104,6 +107,8 @@ class FullPrecision:
 
 class AutocastPrecision(FullPrecision):
     """Autocast to a lower dtype (bf16) with no loss scaling: bf16 has fp32's exponent range."""
+
+    plain = False
 
     def __init__(self, device_type: str, dtype: torch.dtype, name: str) -> None:
         self.name = name

@@ -326,6 +326,10 @@ class EventDispatcher:
         callbacks' at each event, replacing those of a previous module."""
         self._hooks = {event: module_hooks.get(event, ()) + hooks for event, hooks in self._callback_hooks.items()}
 
+    def listens(self, event: Event) -> bool:
+        """Whether any hook runs at `event` (a per-step path asks once, then skips `fire` when none does)."""
+        return bool(self._hooks[event])
+
     def fire(self, event: Event, trainer: "Trainer") -> None:
         """Runs `event`'s hooks with `trainer`."""
         for label, hook in self._hooks[event]:

@@ -116,20 +116,27 @@ class MetricLog:
         self.hidden: set[str] = set()  # names the Logger's trackers never get
         self.epoch_names: list[str] = []  # what the last end_epoch recorded (the Logger writes them then)
         self._pending: dict[str, str] = {}  # step values to reduce across processes after the batch: name -> fx
-        self._in_batch = False
-        self._batch_weight: float | None = None  # the training batch's size, found at its first on_epoch value
+        # The (epoch, batch_idx) of the last batch whose optimization ended: a sync_dist step value logged
+        # in another batch waits for `end_batch`, one logged after it (on_train_batch_end) is reduced at once.
+        self._ended: tuple[int, int] | None = None
+        # The training batch's size, found at its first on_epoch value, and that batch (a repeated batch
+        # object is the same size).
+        self._batch_weight: float | None = None
+        self._weighed: Any = None
+        # The tensor the batch logged last and its detached self: a value logged under several names, or
+        # logged and then returned as the loss (Lightning's usual step), is detached once.
+        self._last_logged: Any = None
+        self._last_detached: Any = None
         # A training batch's self.log options, checked once: (name, options) -> what `_plan` returns.
         self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], str | None, str]] = {}
 
     # ----------------------------------------------------------------- the loop's calls
-    def start_batch(self) -> None:
-        """A training batch starts: step values logged with sync_dist wait for `end_batch`."""
-        self._in_batch = True
-        self._batch_weight = None
-
     def end_batch(self) -> None:
-        """Reduces the batch's sync_dist step values across processes: one collective per reduction."""
-        self._in_batch = False
+        """Reduces the batch's sync_dist step values across processes: one collective per reduction.
+        The loop calls it after each batch's optimization; nothing is needed when a batch starts."""
+        state = self.trainer.state
+        self._ended = (state.epoch, state.batch_idx)
+        self._last_logged = None  # the batch's graph is not kept past the batch
         if self._pending:
             pending, self._pending = self._pending, {}
             self._reduce_into_metrics(pending)
@@ -178,8 +185,13 @@ class MetricLog:
             plan = self._plan(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
             self._plans[key] = plan
         step_names, epoch_name, fx = plan
-        # A 0-d tensor (a loss) is the usual value: detached here, without a call.
-        value = value.detach() if type(value) is torch.Tensor and not value.ndim else _scalar(name, value)
+        # A 0-d tensor (a loss) is the usual value: detached here, without a call, once (see `detached`).
+        if type(value) is torch.Tensor and not value.ndim:
+            if value is not self._last_logged:
+                self._last_logged, self._last_detached = value, value.detach()
+            value = self._last_detached
+        else:
+            value = _scalar(name, value)
         if step_names:
             metrics = trainer.state.raw_metrics
             for step_name in step_names:  # name_step and name, or name
@@ -189,7 +201,8 @@ class MetricLog:
         if epoch_name is not None:
             if batch_size is not None:
                 weight = float(batch_size)
-            elif self._batch_weight is None:
+            elif self._weighed is not trainer.batch:
+                self._weighed = trainer.batch
                 weight = self._batch_weight = _batch_weight(trainer.batch)
             else:
                 weight = self._batch_weight
@@ -197,6 +210,13 @@ class MetricLog:
             if running is None or running.reduce_fx != fx or running.sync != sync_dist:
                 running = self._start_running(epoch_name, running, fx, sync_dist)
             running.pending.append((value, weight))
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """Records the batch's loss, detached, as `state.loss` and the metric "train_loss"; a loss this
+        batch logged last is detached once, not twice (`self.log("loss", loss); return loss`)."""
+        state = self.trainer.state
+        state.loss = state.raw_metrics["train_loss"] = (
+            self._last_detached if loss is self._last_logged else loss.detach())
 
     def _plan(self, name: str, prog_bar: bool, logger: bool, on_step: bool | None, on_epoch: bool | None,
               reduce_fx: Any, sync_dist: bool) -> tuple[tuple[str, ...], str | None, str]:
@@ -247,7 +267,8 @@ class MetricLog:
     def _sync_step_value(self, name: str, fx: str) -> None:
         """Reduces a sync_dist step value across processes: with the batch's others after its optimization,
         or at once when logged after that (in on_train_batch_end)."""
-        if self._in_batch:
+        state = self.trainer.state
+        if self._ended != (state.epoch, state.batch_idx):
             self._pending[name] = fx
         else:
             self._reduce_into_metrics({name: fx})

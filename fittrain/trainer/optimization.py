@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from fittrain.trainer.configure import check_automatic_optimization, parse_manual_optimizers, parse_optimizers
@@ -55,6 +56,14 @@ class AutomaticOptimization:
         self.outputs: Any = None
         self.loss: Any = None
         self._run = StepRunner(model, module, trainer.accelerator.distributed_strategy)
+        acc, events = trainer.accelerator, trainer.events
+        # Decided once per fit: without accumulation or mixed precision, `_plain_batch` trains each batch.
+        if acc.gradient_accumulation_steps == 1 and acc.precision.plain:
+            self.train_batch = self._plain_batch  # type: ignore[method-assign]
+        self._gradient_state = acc.gradient_state
+        self._training_step = self._run.bound("training_step")
+        self._listened = tuple(events.listens(event) for event in (
+            Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD, Event.BEFORE_OPTIMIZER_STEP))
 
     def train_batch(self, batch: Any) -> bool:
         """Trains on one batch; True when it ended an accumulation window with an optimizer step."""
@@ -62,13 +71,11 @@ class AutomaticOptimization:
         acc, fire, state = trainer.accelerator, trainer.events.fire, trainer.state
         with acc.accumulate(self.model):
             with acc.autocast():
-                self.outputs = self._run("training_step", batch, state.batch_idx)
-            self.loss = loss = extract_loss(self.outputs)
+                self.outputs = outputs = self._run("training_step", batch, state.batch_idx)
+            self.loss = loss = extract_loss(outputs)
             if loss is None:
-                warn_once(trainer, "training_step returned None: the batch is skipped (no backward, no step).")
-                return False
-            state.loss = loss.detach()
-            state.raw_metrics["train_loss"] = state.loss
+                return self._skip()
+            trainer.logged.record_loss(loss)
             fire(Event.BEFORE_BACKWARD, trainer)
             try:
                 acc.backward(loss)
@@ -84,6 +91,48 @@ class AutomaticOptimization:
             state.global_step += 1
             self.schedule.after_optimizer_step(state.global_step)
         return True
+
+    def _plain_batch(self, batch: Any) -> bool:
+        """`train_batch` with every batch a window of one, in full precision: what `train_batch` does,
+        with no context entered, backward and the step called on torch directly, and an event fired
+        only where a hook listens. This is the hand loop's per-step work, which the overhead
+        benchmark holds the Trainer to."""
+        trainer = self.trainer
+        state = trainer.state
+        self._gradient_state.begin_batch()  # counts the batch, as accumulate() does (accelerator.step)
+        step, takes_index = self._training_step
+        self.outputs = outputs = step(batch, state.batch_idx) if takes_index else step(batch)
+        # extract_loss's common case first, inline: this runs every step.
+        self.loss = loss = outputs if type(outputs) is torch.Tensor and not outputs.ndim else extract_loss(outputs)
+        if loss is None:
+            return self._skip()
+        trainer.logged.record_loss(loss)
+        before_backward, after_backward, before_step = self._listened
+        if before_backward:
+            trainer.events.fire(Event.BEFORE_BACKWARD, trainer)
+        try:
+            loss.backward()  # Accelerator.backward divides by a window of 1 and scales by nothing
+        except RuntimeError as err:
+            explain_backward_error(loss, err)
+            raise
+        if after_backward:
+            trainer.events.fire(Event.AFTER_BACKWARD, trainer)
+        if before_step:
+            trainer.events.fire(Event.BEFORE_OPTIMIZER_STEP, trainer)
+        # The prepared optimizer's step and zero_grad are these calls when every batch steps in full
+        # precision. `.step` is looked up each time: an LR scheduler patches it to count steps.
+        inner = self.optimizer.optimizer
+        inner.step()
+        inner.zero_grad()
+        state.global_step += 1
+        if self.schedule.every_step:
+            self.schedule.after_optimizer_step(state.global_step)
+        return True
+
+    def _skip(self) -> bool:
+        """A batch whose training_step returned None: no backward, no step (a warning, once)."""
+        warn_once(self.trainer, "training_step returned None: the batch is skipped (no backward, no step).")
+        return False
 
 
 def prepare_optimization(trainer: "Trainer", module: "TrainModule",

@@ -5,11 +5,12 @@ Kept apart so `trainer.py` reads as the loop and nothing else.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -153,6 +154,13 @@ class StepRunner:
         direct = model is module and not strategy.hooks_forward(module)
         self._inner: nn.Module | None = None if direct else strategy.unwrap(model)
         self._with_index = {name: takes_batch_idx(module, name) for name in STEP_METHODS}
+
+    def bound(self, method: str) -> tuple[Callable[..., Any], bool]:
+        """The cheapest callable running `method`, and whether it takes `batch_idx` after the batch: the
+        module's own bound method when it runs directly, else this runner's call (which always does)."""
+        if self._inner is None:
+            return getattr(self.module, method), self._with_index[method]
+        return functools.partial(self, method), True
 
     def __call__(self, method: str, batch: Any, batch_idx: int = 0) -> Any:
         args = (batch, batch_idx) if self._with_index[method] else (batch,)

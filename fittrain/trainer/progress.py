@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Seconds between two readings of the prog_bar values while an epoch runs.
 SHOW_EVERY_S = 0.5
+#: Seconds between two advances of the epoch's bar (tqdm's own least interval between redraws).
+ADVANCE_EVERY_S = 0.1
 
 
 class ProgressBar(Callback):
@@ -55,6 +57,8 @@ class ProgressBar(Callback):
         self._val_bar = tqdm(disable=True)
         self._postfix: dict[str, str] = {}
         self._shown_at = 0.0  # time.monotonic() of the last show_logged
+        self._uncounted = 0  # batches ended since the bar last advanced
+        self._advance_at = 0.0  # time.monotonic() from which the next batch end advances the bar
 
     def run_request(self) -> RunRequest:
         """It draws the fit's progress: the Trainer adds no default bar."""
@@ -76,6 +80,7 @@ class ProgressBar(Callback):
     def on_train_epoch_start(self, trainer: "Trainer") -> None:
         """Starts this epoch's bar, from the batches a resumed epoch had consumed already."""
         self._bar.close()
+        self._uncounted = 0
         loader = trainer.train_loader
         done = getattr(getattr(loader, "position", None), "batches_consumed", 0)
         # A stream has no length: the bar then counts batches without a total (limit_train_batches gives one).
@@ -83,13 +88,24 @@ class ProgressBar(Callback):
                          mininterval=0.1, dynamic_ncols=True, disable=not self._show)
 
     def on_train_batch_end(self, trainer: "Trainer") -> None:
-        """Advances the epoch's bar; at most every half second, shows the values logged with prog_bar=True."""
-        self._bar.update()
-        if trainer.logged.prog_bar and self._show:
-            now = time.monotonic()
-            if now - self._shown_at >= SHOW_EVERY_S:  # reading a device value syncs: not every step
-                self._shown_at = now
-                self.show_logged(trainer)
+        """Counts the batch. At most ten times a second it advances the epoch's bar by the batches
+        counted, and at most every half second shows the values logged with prog_bar=True: per batch
+        that is a clock reading, and tqdm's own update (a Python call) runs only when the bar redraws."""
+        self._uncounted += 1
+        now = time.monotonic()
+        if now < self._advance_at:
+            return
+        self._advance_at = now + ADVANCE_EVERY_S
+        self._advance()
+        if trainer.logged.prog_bar and self._show and now - self._shown_at >= SHOW_EVERY_S:
+            self._shown_at = now  # reading a device value syncs: not every step
+            self.show_logged(trainer)
+
+    def _advance(self) -> None:
+        """Advances the epoch's bar by the batches ended since it last did."""
+        if self._uncounted:
+            self._bar.update(self._uncounted)
+            self._uncounted = 0
 
     def show_logged(self, trainer: "Trainer") -> None:
         """Shows the current values of the metrics logged with `prog_bar=True`."""
@@ -101,6 +117,7 @@ class ProgressBar(Callback):
         """Starts the validation bar (the sanity check's, before training), which disappears when validation ends."""
         if not self._show:
             return
+        self._advance()  # the epoch's bar shows where validation starts
         sanity = trainer.sanity_checking
         total = trainer.num_sanity_val_batches if sanity else trainer.num_val_batches
         self._val_bar = tqdm(total=_total(total), desc="Sanity Checking" if sanity else "Validation",
@@ -119,6 +136,7 @@ class ProgressBar(Callback):
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
         """Shows the epoch's values logged with prog_bar=True and closes this epoch's bar."""
+        self._advance()
         if trainer.logged.prog_bar and self._show:
             self.show_logged(trainer)
         self._bar.close()
@@ -138,11 +156,13 @@ class ProgressBar(Callback):
 
     def show(self, values: Mapping[str, str], refresh: bool = True) -> None:
         """Shows `values` (formatted) after the epoch's bar, beside those shown before."""
+        self._advance()
         self._postfix.update(values)
         self._bar.set_postfix(self._postfix, refresh=refresh)
 
     def close(self) -> None:
         """Closes both bars (what they showed stays on the terminal)."""
+        self._advance()
         self._bar.close()
         self._val_bar.close()
 

@@ -50,6 +50,8 @@ class Schedule:
     """
 
     scheduler: "AcceleratedScheduler | None" = None
+    #: Whether `after_optimizer_step` does anything: the automatic step calls it only then.
+    every_step = False
 
     def after_optimizer_step(self, global_step: int) -> None:
         """Called right after each optimizer step, with the steps taken so far (from 1)."""
@@ -64,6 +66,8 @@ class Schedule:
 
 class StepSchedule(Schedule):
     """Interval "step": steps after every `frequency`-th optimizer step."""
+
+    every_step = True
 
     def __init__(self, scheduler: "AcceleratedScheduler", frequency: int) -> None:
         self.scheduler, self.frequency = scheduler, frequency

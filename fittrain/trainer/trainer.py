@@ -11,6 +11,7 @@ the sanity check (sanity.py), max_time (timer.py), the parameter table (summary.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import pathlib
 from typing import Any, Iterator, Sequence
@@ -256,7 +257,7 @@ class Trainer:
         self.module, self.state, self.logged, self.batch = module, TrainState(), MetricLog(self), None
         module.attach(self)
         self.events.use_module_hooks(hooks)
-        fire, state = self._fire, self.state
+        fire = self._fire
         window = StepWindow()  # each training step's span, for the hang watchdog once set up
         try:
             with self.preemption:
@@ -268,32 +269,7 @@ class Trainer:
                 fire(Event.TRAIN_START)
                 if self.timer is not None:
                     self.timer.start(self)  # max_time counts training from here
-                while not self._finished():
-                    fire(Event.TRAIN_EPOCH_START)
-                    module.train()
-                    for batch in self._epoch_batches():  # a resumed epoch skips what its checkpoint consumed
-                        fire(Event.TRAIN_BATCH_START)
-                        window.begin()
-                        stepped = self.optimization.train_batch(batch)
-                        self.logged.end_batch()  # sync_dist step values: one collective for all of them
-                        window.end()
-                        # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
-                        # and a resume from it continues with the next batch instead of validating again.
-                        stop = stepped and self.loops.schedule.after_step(state) and self._validate_mid_epoch()
-                        fire(Event.TRAIN_BATCH_END)
-                        if stop or self._ends_training():  # max_steps, max_time; alike on every process
-                            break
-                        if self._preempted():  # a signal came: finish this step, save, exit 75
-                            save_and_exit(self)
-                    if self.loops.schedule.at_epoch_end(state.epoch):
-                        self._validate(self.val_loader, self.loops.val)
-                        self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
-                    self.lr_schedule.after_epoch(state.epoch)
-                    state.check_loss()
-                    self.logged.end_epoch()  # self.log(on_epoch=True) values, reduced over the epoch
-                    fire(Event.TRAIN_EPOCH_END)
-                    state.epoch += 1
-                    state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
+                self._train(window)
                 fire(Event.TRAIN_END)
                 fire(Event.FIT_END)
         except BaseException as exc:
@@ -303,25 +279,64 @@ class Trainer:
             window.close()
             self.data.end("fit")
 
-    def _epoch_batches(self) -> Iterator[Any]:
-        """This epoch's batches (its first `limit_train_batches`), after those a resumed checkpoint had
-        consumed; sets `state.batch_idx`.
+    def _train(self, window: StepWindow) -> None:
+        """The epochs of fit, from the first to the last batch (max_epochs, max_steps, max_time, a stop).
 
-        Raises:
-            ValueError: for a fresh epoch without a batch (a stream that ran dry).
+        What each batch needs is decided once, as the hooks are: an event nobody listens to is not
+        fired, a window nothing watches is not marked, and one process asks about preemption only
+        once a signal set the flag (several agree on it every few steps). This is the per-step path
+        the overhead benchmark holds to the hand loop: only what a batch needs runs in it.
         """
+        state, logged, schedule = self.state, self.logged, self.loops.schedule
+        fire = functools.partial(self.events.fire, trainer=self)  # no Python frame of its own per event
+        train_batch, mid_epoch = self.optimization.train_batch, schedule.mid_epoch
+        batch_start, batch_end = (self.events.listens(e) for e in (Event.TRAIN_BATCH_START, Event.TRAIN_BATCH_END))
+        watching, preemption, several = window.watching, self.preemption, self.accelerator.num_processes > 1
+        while not self._finished():
+            fire(Event.TRAIN_EPOCH_START)
+            self.module.train()
+            start, batches = self._epoch_batches()  # a resumed epoch skips what its checkpoint consumed
+            index = -1
+            for index, batch in batches:
+                state.batch_idx, self.batch = index, batch
+                if batch_start:
+                    fire(Event.TRAIN_BATCH_START)
+                if watching:
+                    window.begin()
+                stepped = train_batch(batch)
+                logged.end_batch()  # sync_dist step values: one collective for all of them
+                if watching:
+                    window.end()
+                # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
+                # and a resume from it continues with the next batch instead of validating again.
+                stop = stepped and mid_epoch and schedule.after_step(state) and self._validate_mid_epoch()
+                if batch_end:
+                    fire(Event.TRAIN_BATCH_END)
+                if stop or self._ends_training():  # max_steps, max_time; alike on every process
+                    break
+                if (several or preemption.requested) and self._preempted():  # a signal: save, exit 75
+                    save_and_exit(self)
+            if index < 0 and start == 0:  # a fresh epoch without a batch: a stream that ran dry
+                raise empty_epoch_error(state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
+            if schedule.at_epoch_end(state.epoch):
+                self._validate(self.val_loader, self.loops.val)
+                self.lr_schedule.after_validation(state.raw_metrics, epoch=state.epoch)
+            self.lr_schedule.after_epoch(state.epoch)
+            state.check_loss()
+            logged.end_epoch()  # self.log(on_epoch=True) values, reduced over the epoch
+            fire(Event.TRAIN_EPOCH_END)
+            state.epoch += 1
+            state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
+
+    def _epoch_batches(self) -> tuple[int, Iterator[tuple[int, Any]]]:
+        """This epoch's first batch index and its (index, batch) pairs: the epoch's first
+        `limit_train_batches` batches, after those a resumed checkpoint had consumed."""
         loader, limit = self.train_loader, self.loops.train
         start = loader.position.batches_consumed
         if start == 0:
             self.state.epoch_start_step = self.state.global_step
         batches = loader.iterate(skip=start) if limit is None else epoch_slice(loader, start, limit)
-        index = -1
-        for index, batch in enumerate(batches, start=start):
-            self.state.batch_idx, self.batch = index, batch
-            self.logged.start_batch()
-            yield batch
-        if index < 0 and start == 0:
-            raise empty_epoch_error(self.state.epoch, getattr(self.train_loader, "base_loader", self.train_loader))
+        return start, enumerate(batches, start=start)
 
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""

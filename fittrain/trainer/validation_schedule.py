@@ -59,6 +59,9 @@ def check_validation_interval(every_n_epochs: Any, every_n_steps: Any) -> tuple[
 class ValidationSchedule:
     """Whether fit validates now; this base never does (no val_loader, or limit_val_batches=0)."""
 
+    #: Whether `after_step` can answer True: the loop asks it after each optimizer step only then.
+    mid_epoch = False
+
     def after_step(self, state: "TrainState") -> bool:
         """Called after each optimizer step: whether a validation follows it."""
         return False
@@ -81,6 +84,8 @@ class AtEpochEnds(ValidationSchedule):
 class EveryNSteps(ValidationSchedule):
     """After every `every`-th optimizer step of the fit."""
 
+    mid_epoch = True
+
     def __init__(self, every: int) -> None:
         self.every = every
 
@@ -90,6 +95,8 @@ class EveryNSteps(ValidationSchedule):
 
 class StepsOfEpochs(ValidationSchedule):
     """After every `every`-th optimizer step of every `epochs`-th epoch, counted from the epoch's start."""
+
+    mid_epoch = True
 
     def __init__(self, every: int, epochs: int) -> None:
         self.every, self.epochs = every, epochs
