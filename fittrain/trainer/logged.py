@@ -30,7 +30,7 @@ trackers (it still is in `trainer.state.metrics`, for callbacks).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -65,27 +65,51 @@ class Running:
     weight: float = 0.0  # the summed batch sizes ("mean")
     pending: list[tuple[torch.Tensor, float]] = dataclasses.field(default_factory=list)
 
-    def add(self, value: torch.Tensor, weight: float) -> None:
-        self.pending.append((value, weight))
-
     def fold(self) -> None:
-        """Reduces the appended values into `value` and `weight`."""
-        if not self.pending:
-            return
-        values = torch.stack([v for v, _ in self.pending]).double().cpu().tolist()  # one device sync
+        """Reduces the appended values into `value` and `weight` (`fold_all` does several at once)."""
+        fold_all((self,))
+
+    def fold_floats(self, values: list[float]) -> None:
+        """Folds the appended values, given as floats in their order, into `value` and `weight`: a
+        left fold, one value at a time, so cutting it anywhere gives the bitwise same result."""
         fx, total, weight = self.reduce_fx, self.value, self.weight
-        for v, (_, w) in zip(values, self.pending):
-            if fx == "mean":
-                total, weight = (0.0 if total is None else total) + v * w, weight + w
-            elif fx == "sum":
-                total = (0.0 if total is None else total) + v
-            else:
-                total = v if total is None else (max(total, v) if fx == "max" else min(total, v))
+        if fx == "mean":
+            total = 0.0 if total is None else total
+            for v, (_, w) in zip(values, self.pending):
+                total += v * w
+                weight += w
+        elif fx == "sum":
+            total = 0.0 if total is None else total
+            for v in values:
+                total += v
+        else:
+            pick = max if fx == "max" else min
+            for v in values:
+                total = v if total is None else pick(total, v)
         self.value, self.weight, self.pending = total, weight, []
 
     def result(self) -> float:
         self.fold()
         return self.value / self.weight if self.reduce_fx == "mean" else self.value
+
+
+def fold_all(runnings: Iterable[Running]) -> None:
+    """Folds the values each running reduction appended, copied to the CPU together: one stack and one
+    device sync per device and dtype (a metric's values share both), not one per metric. Values on the
+    CPU are read one by one instead, which costs less than stacking them."""
+    groups: dict[tuple[torch.device, torch.dtype], list[Running]] = {}
+    for running in runnings:
+        if running.pending:
+            first = running.pending[0][0]
+            groups.setdefault((first.device, first.dtype), []).append(running)
+    for (device, _), group in groups.items():
+        tensors = [v for running in group for v, _ in running.pending]
+        values = [v.item() for v in tensors] if device.type == "cpu" else torch.stack(tensors).double().cpu().tolist()
+        start = 0
+        for running in group:
+            end = start + len(running.pending)
+            running.fold_floats(values[start:end])
+            start = end
 
 
 def check_reduce_fx(reduce_fx: Any) -> str:
@@ -149,6 +173,7 @@ class MetricLog:
         self.end_batch()
         state, acc = self.trainer.state, self.trainer.accelerator
         running, state.epoch_logs = state.epoch_logs, {}
+        fold_all(running.values())
         values = {name: r.result() for name, r in running.items()}
         if acc.num_processes > 1:
             mine = [(name, r.reduce_fx) for name, r in running.items() if r.sync]

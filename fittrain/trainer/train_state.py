@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from fittrain.trainer.logged import Running
+from fittrain.trainer.logged import Running, fold_all
 from fittrain.trainer.parts import LazyMetrics
 
 
@@ -71,8 +71,7 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """The JSON-safe part of the state, for checkpoints."""
-        for running in self.epoch_logs.values():
-            running.fold()
+        fold_all(self.epoch_logs.values())
         state = {"epoch": self.epoch, "global_step": self.global_step, "batch_idx": self.batch_idx,
                  "should_stop": self.should_stop, "metrics": self.metrics, "epoch_start_step": self.epoch_start_step,
                  # float64 values and weights: exact, so a resumed epoch ends with the same reductions

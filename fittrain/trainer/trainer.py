@@ -295,9 +295,10 @@ class Trainer:
         while not self._finished():
             fire(Event.TRAIN_EPOCH_START)
             self.module.train()
-            start, batches = self._epoch_batches()  # a resumed epoch skips what its checkpoint consumed
-            index = -1
-            for index, batch in batches:
+            start, index = self.train_loader.position.batches_consumed, -1  # a resumed epoch starts later
+            # Iterated without a name: leaving the loop by an exception closes the loader's pass at once
+            # (its workers stop), where a local would keep it open as long as the traceback lives.
+            for index, batch in self._epoch_batches(start):
                 state.batch_idx, self.batch = index, batch
                 if batch_start:
                     fire(Event.TRAIN_BATCH_START)
@@ -328,15 +329,14 @@ class Trainer:
             state.epoch += 1
             state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
 
-    def _epoch_batches(self) -> tuple[int, Iterator[tuple[int, Any]]]:
-        """This epoch's first batch index and its (index, batch) pairs: the epoch's first
-        `limit_train_batches` batches, after those a resumed checkpoint had consumed."""
+    def _epoch_batches(self, start: int) -> Iterator[tuple[int, Any]]:
+        """This epoch's (index, batch) pairs from batch `start` (those before it a resumed checkpoint
+        had consumed), up to its `limit_train_batches`-th."""
         loader, limit = self.train_loader, self.loops.train
-        start = loader.position.batches_consumed
         if start == 0:
             self.state.epoch_start_step = self.state.global_step
         batches = loader.iterate(skip=start) if limit is None else epoch_slice(loader, start, limit)
-        return start, enumerate(batches, start=start)
+        return enumerate(batches, start=start)
 
     def _validate_mid_epoch(self) -> bool:
         """Validates after this optimizer step; returns whether to stop now, the same on every process."""
