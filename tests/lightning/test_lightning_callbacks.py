@@ -4,7 +4,9 @@ ModelSummary and TQDMProgressBar, and what each refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import pathlib
 from typing import Any
@@ -278,3 +280,22 @@ def test_a_progress_bar_of_refresh_rate_0_draws_nothing(tmp_path: pathlib.Path,
         TQDMProgressBar(process_position=1)
     with pytest.raises(ValueError, match="enable_progress_bar=False"):
         pl.Trainer(enable_progress_bar=False, callbacks=[TQDMProgressBar()])
+
+
+@pytest.mark.parametrize("leave", [False, True], ids=["leave=False (the default)", "leave=True"])
+def test_tqdm_progress_bar_leaves_the_lines_lightnings_leaves(tmp_path: pathlib.Path, leave: bool) -> None:
+    """leave=False: one bar, reset at each epoch (the last epoch's line stays); leave=True: a line per epoch."""
+
+    def run(api: Any, root: pathlib.Path) -> list[str]:
+        shown = io.StringIO()  # Lightning draws on stdout, fittrain on stderr: both are read
+        with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(shown):
+            trainer = api.pl.Trainer(**trainer_kwargs(root, enable_progress_bar=True, max_epochs=3, logger=False,
+                                                      enable_checkpointing=False),
+                                     callbacks=[api.callbacks.TQDMProgressBar(leave=leave)])
+            trainer.fit(probe_module(api.pl), loaders()[0])
+        last_draws = (line.rsplit("\r", 1)[-1] for line in shown.getvalue().split("\n"))
+        return [draw.split(":")[0] for draw in last_draws if draw.startswith("Epoch ")]
+
+    records = both(run, tmp_path)
+    assert records["lightning"] == (["Epoch 0", "Epoch 1", "Epoch 2"] if leave else ["Epoch 2"])
+    assert_same(records)

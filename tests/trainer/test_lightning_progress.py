@@ -51,3 +51,25 @@ def test_enable_progress_bar_must_be_a_bool(tmp_path):
     with pytest.raises(TypeError, match=r"enable_progress_bar=\.\.\.\)` must be True or False\. "
                                         r"Received: enable_progress_bar='yes'"):
         Trainer(project_dir=tmp_path, enable_progress_bar="yes")
+
+
+def _epoch_lines(err: str) -> list[str]:
+    """The terminal lines a bar output leaves: each line's last redraw (after its last carriage return)."""
+    return [line.rsplit("\r", 1)[-1] for line in err.split("\n") if "Epoch " in line]
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_leave_keeps_a_line_per_epoch_or_resets_one_bar(tmp_path, capsys, leave):
+    Trainer(max_epochs=3, project_dir=tmp_path, callbacks=[ProgressBar(leave=leave)]).fit(
+        Regressor(), regression_loader(n=8))
+    lines = _epoch_lines(capsys.readouterr().err)
+    if leave:  # Keras's way: each epoch's finished bar stays
+        assert [line.split(":")[0] for line in lines] == ["Epoch 0", "Epoch 1", "Epoch 2"]
+        assert all("2/2" in line for line in lines)
+    else:  # Lightning's TQDMProgressBar default: one bar, reset at each epoch, left at the last one
+        assert len(lines) == 1 and lines[0].startswith("Epoch 2") and "2/2" in lines[0]
+
+
+def test_progress_bar_leave_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"ProgressBar\(leave=\.\.\.\)|leave"):
+        ProgressBar(leave="no")

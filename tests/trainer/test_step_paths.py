@@ -112,7 +112,8 @@ class SeesLoss(Callback):
 
 def test_a_logged_and_returned_loss_is_detached_once(tmp_path):
     seen = SeesLoss()
-    Trainer(callbacks=[seen], max_epochs=1, project_dir=tmp_path, enable_progress_bar=False).fit(Net(log=True), batches())
+    trainer = Trainer(callbacks=[seen], max_epochs=1, project_dir=tmp_path, enable_progress_bar=False)
+    trainer.fit(Net(log=True), batches())
     assert seen.checked == 6
 
 
