@@ -143,8 +143,7 @@ class MetricLog:
         # The (epoch, batch_idx) of the last batch whose optimization ended: a sync_dist step value logged
         # in another batch waits for `end_batch`, one logged after it (on_train_batch_end) is reduced at once.
         self._ended: tuple[int, int] | None = None
-        # The training batch's size, found at its first on_epoch value, and that batch (a repeated batch
-        # object is the same size).
+        # The training batch's size, found at its first on_epoch value, and that batch (until end_batch).
         self._batch_weight: float | None = None
         self._weighed: Any = None
         # The tensor the batch logged last and its detached self: a value logged under several names, or
@@ -160,7 +159,7 @@ class MetricLog:
         The loop calls it after each batch's optimization; nothing is needed when a batch starts."""
         state = self.trainer.state
         self._ended = (state.epoch, state.batch_idx)
-        self._last_logged = None  # the batch's graph is not kept past the batch
+        self._last_logged = self._weighed = None  # neither the batch's graph nor the batch is kept past it
         if self._pending:
             pending, self._pending = self._pending, {}
             self._reduce_into_metrics(pending)
@@ -210,7 +209,7 @@ class MetricLog:
             plan = self._plan(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
             self._plans[key] = plan
         step_names, epoch_name, fx = plan
-        # A 0-d tensor (a loss) is the usual value: detached here, without a call, once (see `detached`).
+        # A 0-d tensor (a loss) is the usual value: detached here, without a call, once (see `record_loss`).
         if type(value) is torch.Tensor and not value.ndim:
             if value is not self._last_logged:
                 self._last_logged, self._last_detached = value, value.detach()
