@@ -5,6 +5,7 @@ detached once; epoch values of several metrics fold together, each exactly."""
 from __future__ import annotations
 
 import copy
+import multiprocessing
 
 import pytest
 import torch
@@ -167,7 +168,5 @@ def test_a_loader_of_workers_stops_when_fit_raises(tmp_path):
     with pytest.raises(RuntimeError, match="boom") as raised:
         Trainer(max_epochs=1, project_dir=tmp_path, enable_progress_bar=False).fit(Fails(), loader)
     assert raised.traceback  # alive here
-    import multiprocessing
-
     children = multiprocessing.active_children()
     assert not children, f"DataLoader workers still running: {children}"
