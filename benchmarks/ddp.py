@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import pathlib
@@ -40,6 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from fittrain.distributed.teardown import leave_process_group
 
 WIDTH, FEATURES, LR = 256, 64, 0.01
 ACCUMULATIONS = (1, 4)
@@ -131,6 +134,10 @@ def _run(loop: str, data: TensorDataset, batch: int, accumulation: int, count: b
 
 
 def _worker(args: argparse.Namespace) -> None:
+    # Imported before the group, torch._dynamo (which DDP imports) holds no reference to it, and the
+    # teardown below can end gloo's threads before the interpreter does (fittrain.distributed.teardown
+    # says why: otherwise a finished rank can die with SIGABRT at exit on a busy machine).
+    importlib.import_module("torch._dynamo")
     dist.init_process_group("gloo")
     data = _dataset(args.steps, args.batch, dist.get_world_size())
     result: dict[str, Any] = {"allreduces": {}, "run": {}, "cpu": {}, "steps": {}}
@@ -149,7 +156,7 @@ def _worker(args: argparse.Namespace) -> None:
                 result["steps"][key] += [t / accumulation for t in timed["steps"]]
     if dist.get_rank() == 0:
         pathlib.Path(args.out).write_text(json.dumps(result))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def _launch(args: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:

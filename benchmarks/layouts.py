@@ -60,6 +60,7 @@ import ctypes
 import dataclasses
 import datetime
 import gc
+import importlib
 import json
 import os
 import pathlib
@@ -84,6 +85,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from fittrain.distributed.teardown import leave_process_group
 
 PROCESSES = 4
 LR = 3e-4
@@ -311,10 +314,13 @@ def _estimates(shape: Shape, layouts: list[str]) -> dict[str, dict[str, int]]:
 
 
 def _worker(args: argparse.Namespace) -> None:
+    # Imported before the group, torch._dynamo (which DDP imports) holds no reference to it, and the
+    # teardown below can end gloo's threads before the interpreter does (fittrain.distributed.teardown
+    # says why: otherwise a finished rank can die with SIGABRT at exit on a busy machine).
+    importlib.import_module("torch._dynamo")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     if dist.get_world_size() != PROCESSES:
         raise RuntimeError(f"benchmarks.layouts needs {PROCESSES} processes. Received: {dist.get_world_size()}.")
-    import fittrain  # noqa: F401  (imported before any run, as torch's parallel modules are, so no run pays for it)
 
     shape = _shape(args)
     data, warmup = _dataset(shape, args.steps), _dataset(shape, min(args.steps, WARMUP_STEPS))
@@ -335,7 +341,7 @@ def _worker(args: argparse.Namespace) -> None:
         result["estimates"] = _estimates(shape, args.layouts)
     result["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     pathlib.Path(args.out, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 # --------------------------------------------------------------------------- the parent
