@@ -330,6 +330,10 @@ class EventDispatcher:
         """Whether any hook runs at `event` (a per-step path asks once, then skips `fire` when none does)."""
         return bool(self._hooks[event])
 
+    def hooks(self, event: Event) -> tuple[tuple[str, Callable[..., None]], ...]:
+        """`event`'s (label, hook) pairs, for the per-batch path, which calls them as `fire` does."""
+        return self._hooks[event]
+
     def fire(self, event: Event, trainer: "Trainer") -> None:
         """Runs `event`'s hooks with `trainer`."""
         for label, hook in self._hooks[event]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import os
 import pathlib
 from typing import Any, Iterator, Sequence
@@ -290,8 +291,12 @@ class Trainer:
         state, logged, schedule = self.state, self.logged, self.loops.schedule
         fire = functools.partial(self.events.fire, trainer=self)  # no Python frame of its own per event
         train_batch, mid_epoch = self.optimization.train_batch, schedule.mid_epoch
-        batch_start, batch_end = (self.events.listens(e) for e in (Event.TRAIN_BATCH_START, Event.TRAIN_BATCH_END))
+        batch_start, batch_end = self.events.listens(Event.TRAIN_BATCH_START), self.events.hooks(Event.TRAIN_BATCH_END)
         watching, preemption, several = window.watching, self.preemption, self.accelerator.num_processes > 1
+        # What ends training after a batch: max_steps alone is compared here; max_time (or a subclass's
+        # rule, such as fittrain.lightning's early stop) is a call.
+        ends = None if self._ends_training == self._steps_done else self._ends_training
+        max_steps = math.inf if self.max_steps is None else self.max_steps
         while not self._finished():
             fire(Event.TRAIN_EPOCH_START)
             self.module.train()
@@ -311,9 +316,13 @@ class Trainer:
                 # Before on_train_batch_end: a checkpoint saved there holds the validation's outcome,
                 # and a resume from it continues with the next batch instead of validating again.
                 stop = stepped and mid_epoch and schedule.after_step(state) and self._validate_mid_epoch()
-                if batch_end:
-                    fire(Event.TRAIN_BATCH_END)
-                if stop or self._ends_training():  # max_steps, max_time; alike on every process
+                for label, hook in batch_end:  # what fire(TRAIN_BATCH_END) does, without its frame per batch
+                    try:
+                        hook(self)
+                    except Exception as exc:
+                        exc.add_note(f"Raised in {label}.")
+                        raise
+                if stop or (ends() if ends else state.global_step >= max_steps):  # alike on every process
                     break
                 if (several or preemption.requested) and self._preempted():  # a signal: save, exit 75
                     save_and_exit(self)

@@ -257,5 +257,20 @@ def test_an_error_in_a_module_hook_names_it_and_reaches_on_exception(tmp_path):
     assert module.exceptions == [caught.value]
 
 
+@pytest.mark.parametrize("hook", ["on_train_batch_start", "on_train_batch_end"])
+def test_an_error_in_a_per_batch_hook_is_noted_with_its_name(tmp_path, hook):
+    """The loop calls on_train_batch_end's hooks itself (not through fire): the note is the same."""
+    class Failing(Linear):
+        pass
+
+    def fail(self, *args):
+        raise ValueError("bad batch")
+
+    setattr(Failing, hook, fail)
+    with pytest.raises(ValueError, match="bad batch") as caught:
+        Trainer(project_dir=tmp_path).fit(Failing(), regression_loader(n=8))
+    assert caught.value.__notes__ == [f"Raised in module Failing.{hook}."]
+
+
 def test_a_module_without_hooks_binds_none():
     assert all(hooks == () for hooks in bind_module_hooks(Linear()).values())
