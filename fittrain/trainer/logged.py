@@ -209,8 +209,9 @@ class MetricLog:
             plan = self._plan(name, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist)
             self._plans[key] = plan
         step_names, epoch_name, fx = plan
-        # A 0-d tensor (a loss) is the usual value: detached here, without a call, once (see `record_loss`).
-        if type(value) is torch.Tensor and not value.ndim:
+        # A 0-d tensor is the usual value, and a loss (an autograd result, not a view) the usual tensor:
+        # detached here, without a call, once (see `record_loss`). Nothing changes a loss in place later.
+        if type(value) is torch.Tensor and not value.ndim and not value.is_leaf and value._base is None:
             if value is not self._last_logged:
                 self._last_logged, self._last_detached = value, value.detach()
             value = self._last_detached
@@ -346,12 +347,18 @@ class MetricLog:
 
 
 def _scalar(name: str, value: Any) -> torch.Tensor:
-    """`value` as a detached 0-d tensor (a number becomes one on the CPU)."""
+    """`value` as a detached 0-d tensor of its value now (a number becomes one on the CPU).
+
+    A tensor that may change in place after the call is copied: a parameter (the optimizer steps
+    it), a buffer or an accumulator (a leaf), or a view of one; otherwise the epoch's values and the
+    step value would all read its latest value. Lightning copies logged values too. An autograd
+    result that is not a view (a loss, an accuracy computed with grad) is detached without a copy.
+    """
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0:  # the usual case, a loss: no reshape on the per-step path
-            return value.detach()
         if value.numel() == 1:
-            return value.detach().reshape(())
+            may_change = value.is_leaf or value._base is not None
+            value = value.detach() if value.ndim == 0 else value.detach().reshape(())
+            return value.clone() if may_change else value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value))
     raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "

@@ -127,7 +127,8 @@ class TrainModule(LifecycleHooks, nn.Module):
         validation_step and test_step it is averaged over every sample of the loop. `sync_dist`
         reduces across processes, `prog_bar` shows it on the progress bar, `logger=False` keeps it
         from the trackers; `add_dataloader_idx` changes nothing (a loop has one loader). Tensors are
-        kept as they are and read only when something asks.
+        kept on their device and read only when something asks; one that may change in place later
+        (a parameter, a buffer, a view of one) is copied, so the value logged is the value now.
 
         Raises:
             RuntimeError: outside a running Trainer.

@@ -116,6 +116,40 @@ def test_on_epoch_reduces_over_the_epochs_batches_weighting_the_mean_by_batch_si
     assert metrics["a"] == pytest.approx(expected, rel=1e-6)
 
 
+class LogsWhatChangesLater(TrainModule):
+    """Logs tensors that change in place after the call: a 0-d parameter (the optimizer steps it), a view
+    of a parameter, and a buffer the step adds to, recording their values at each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("count", torch.tensor(0.0))
+        self.seen: dict[str, list[float]] = {"scale": [], "weight": [], "count": []}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.count += 1
+        for name, value in (("scale", self.scale), ("weight", self.net.weight[0, 0]), ("count", self.count)):
+            self.seen[name].append(float(value))
+            self.log(name, value, on_step=True, on_epoch=True, reduce_fx="sum")
+        return nn.functional.mse_loss(self.net(x) * self.scale, y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_tensor_changed_in_place_after_self_log_keeps_the_value_it_had_when_logged(tmp_path):
+    """As in Lightning: a logged parameter, view or accumulator is its value at the call, for the step value
+    and for each batch of the epoch's reduction (before, they all read the tensor's latest value)."""
+    module = LogsWhatChangesLater()
+    metrics = _fit(tmp_path, module).state.metrics
+    for name, seen in module.seen.items():
+        assert len(set(seen)) == 3, f"{name} did not change between batches: the test would prove nothing"
+        assert metrics[f"{name}_step"] == pytest.approx(seen[-1], rel=1e-6), name
+        assert metrics[f"{name}_epoch"] == pytest.approx(sum(seen), rel=1e-6), name
+
+
 def test_both_give_step_and_epoch_names_and_the_trackers_get_only_those(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
