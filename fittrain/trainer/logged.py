@@ -30,6 +30,7 @@ trackers (it still is in `trainer.state.metrics`, for callbacks).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
@@ -347,7 +348,8 @@ class MetricLog:
 
 
 def _scalar(name: str, value: Any) -> torch.Tensor:
-    """`value` as a detached 0-d tensor of its value now (a number becomes one on the CPU).
+    """`value` as a detached 0-d tensor of its value now. A number (int, float, bool or a NumPy scalar,
+    as Lightning takes) becomes a float one on the CPU.
 
     A tensor that may change in place after the call is copied: a parameter (the optimizer steps
     it), a buffer or an accumulator (a leaf), or a view of one; otherwise the epoch's values and the
@@ -359,7 +361,7 @@ def _scalar(name: str, value: Any) -> torch.Tensor:
             may_change = value.is_leaf or value._base is not None
             value = value.detach() if value.ndim == 0 else value.detach().reshape(())
             return value.clone() if may_change else value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif isinstance(value, numbers.Real):
         return torch.tensor(float(value))
     raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "
                      f"{short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). Log a "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -222,6 +224,38 @@ def test_options_a_place_cannot_honour_are_refused_naming_them(tmp_path, where, 
     loader = make_loader()
     with pytest.raises(ValueError, match=message):
         Trainer(max_epochs=1, project_dir=tmp_path, enable_progress_bar=False).fit(module, loader, loader)
+
+
+def test_numbers_of_every_kind_lightning_takes_are_logged_as_floats(tmp_path):
+    """Lightning takes any number (numbers.Number): NumPy scalars (sklearn and NumPy metrics return them) and bools."""
+    import numpy as np
+
+    values = {"np_float32": np.float32(0.25), "np_int64": np.int64(3), "np_float64": np.float64(0.5), "flag": True,
+              "plain_int": 7}
+
+    class Numbers(Logs):
+        def training_step(self, batch, batch_idx):
+            self.log_dict(values, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    metrics = _fit(tmp_path, Numbers()).state.metrics
+    assert {name: metrics[name] for name in values} == {name: float(v) for name, v in values.items()}
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("0.5", "'0.5' (str())"),
+    (torch.ones(2), "(Tensor(2,))"),
+    (None, "None (NoneType())"),
+])
+def test_a_value_that_is_not_one_number_is_refused_naming_it(tmp_path, value, shown):
+    class Bad(Logs):
+        def training_step(self, batch, batch_idx):
+            self.log("bad", value)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ValueError, match=r"self\.log\('bad', value\) takes a number or a one-element tensor\. "
+                                         rf"Received: .*{re.escape(shown)}\. Log a scalar"):
+        _fit(tmp_path, Bad())
 
 
 def test_log_dict_logs_each_item_with_the_options(tmp_path):
