@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import os
 import warnings
 from collections.abc import Iterable
@@ -271,7 +272,7 @@ class ValidationAverager:
         if output is None:
             return
         if not isinstance(output, dict):
-            if not (isinstance(output, (int, float)) or _is_scalar(output)):
+            if not (isinstance(output, numbers.Real) or _is_scalar(output)):  # a NumPy scalar is a number too
                 raise TypeError(f"{method} must return a scalar or a dict of scalars. Received: "
                                 f"{type(output).__name__}{tuple(getattr(output, 'shape', ()))}.")
             output = {"test_loss" if method == "test_step" else "val_loss": output}

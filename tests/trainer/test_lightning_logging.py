@@ -63,10 +63,12 @@ def test_a_logged_loss_that_is_also_returned_is_recorded_once_as_logged(tmp_path
     assert trainer.test(module, loader) == pytest.approx({"test_loss": mean_error(module.net, loader)}, rel=1e-5)
 
 
-def test_a_test_steps_scalar_return_alone_is_test_loss(tmp_path):
+@pytest.mark.parametrize("as_number", [lambda loss: loss, lambda loss: loss.item(), lambda loss: loss.numpy()[()]],
+                         ids=["tensor", "float", "numpy-float32"])
+def test_a_test_steps_scalar_return_alone_is_test_loss(tmp_path, as_number):
     class Returns(LogsAndReturns):
         def test_step(self, batch, batch_idx):
-            return self._loss(batch)
+            return as_number(self._loss(batch).detach())
 
     module, loader = Returns(), make_loader()
     assert Trainer(project_dir=tmp_path).test(module, loader) == pytest.approx(
