@@ -254,6 +254,33 @@ def test_on_step_in_evaluation_gives_lightnings_names(tmp_path: pathlib.Path) ->
     assert list(records["fittrain"]["test"][0]) == ["test_loss_epoch", "test_mae"]
 
 
+def _values_of_every_kind(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    import numpy as np
+
+    def logs(module: Any, place: str, loss: Any) -> None:
+        if place == "train":
+            module.log("weight", module.net.weight[0, 0], on_step=True, on_epoch=True)  # the optimizer steps it
+            module.log("bias", module.net.bias, on_epoch=True)  # a parameter itself
+            module.log_dict({"np32": np.float32(0.5), "np_int": np.int64(3), "flag": True})
+        elif place == "val":
+            module.log("val_np", np.float32(loss.item()))
+
+    module = probe_module(api.pl, logs=logs)
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, logger=False, enable_checkpointing=False,
+                                              num_sanity_val_steps=0))
+    trainer.fit(module, *loaders())
+    return {"fit": floats(trainer.callback_metrics), "logged": floats(trainer.logged_metrics)}
+
+
+def test_logged_values_that_change_later_and_numbers_of_every_kind_match_lightning(tmp_path: pathlib.Path) -> None:
+    """A logged parameter (or a view of one) keeps its value at the call, step and epoch values alike, and
+    NumPy scalars and bools are numbers, as in Lightning."""
+    records = both(_values_of_every_kind, tmp_path)
+    assert_same(records)
+    assert {"weight_step", "weight_epoch", "bias_step", "bias_epoch", "np32", "flag", "val_np"} <= set(
+        records["fittrain"]["fit"])
+
+
 def test_a_lightning_hook_fittrain_never_calls_is_refused(tmp_path: pathlib.Path) -> None:
     class Steps(pl.LightningModule):
         def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
