@@ -38,7 +38,8 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 _NEEDED = ("transformers", "evaluate", "accelerate", "sklearn", "schedulefree", "datasets")
 _absent = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
 if _absent:
-    pytest.skip(f"{', '.join(_absent)} not installed; they come with fittrain's dev extra (pip install -e .[dev])",
+    pytest.skip(f"{', '.join(_absent)} not installed; they come with fittrain's real-scripts extra "
+                "(pip install -c constraints.txt -e '.[dev,real-scripts]', see tests/compat/real_scripts/README.md)",
                 allow_module_level=True)
 
 HERE = pathlib.Path(__file__).parent
