@@ -64,7 +64,7 @@ class Finished:
     def check(self) -> Finished:
         """Fails the test with the job's output when it did not exit 0."""
         if self.returncode != 0:
-            pytest.fail(f"job exited {self.returncode} after {self.seconds:.1f}s:\n{self.output[-6000:]}")
+            pytest.fail(f"job exited {self.returncode} after {self.seconds:.1f}s:\n{excerpt(self.output)}")
         return self
 
 
@@ -76,6 +76,26 @@ class Finished:
 _PORT_BAND_START, _PORT_BAND_SIZE = 25000, 900
 #: Seconds a job killed at its deadline has to print its stacks (SIGABRT) before SIGKILL.
 STACK_DUMP_WAIT = 3.0
+#: Characters of a failed job's output that the failure message shows.
+SHOWN_OUTPUT = 6000
+#: The first line of the stacks a Python process prints on SIGABRT (faulthandler).
+STACK_DUMP_FIRST_LINE = "Fatal Python error: Aborted"
+
+
+def excerpt(output: str, limit: int = SHOWN_OUTPUT) -> str:
+    """What a failure message shows of a job's output: its last `limit` characters, except that the
+    stacks a job killed at its deadline printed are shown from their first line. faulthandler prints
+    a stack innermost frame first, where the job hung, so a tail of a deep stack (a job still
+    importing, say) would show everything but that; when the stacks are longer than `limit`, their
+    start and their end are shown."""
+    start = output.find(STACK_DUMP_FIRST_LINE)
+    if start < 0 or start >= len(output) - limit:
+        return output[-limit:]
+    stacks = output[start:]
+    head, tail = limit * 2 // 3, limit // 3
+    if len(stacks) <= limit:
+        return stacks
+    return f"{stacks[:head]}\n[... {len(stacks) - head - tail} characters of stacks left out ...]\n{stacks[-tail:]}"
 
 
 def free_port() -> int:
@@ -277,7 +297,7 @@ class Job:
             if code is None:
                 self.finished = Finished(-signal.SIGKILL, output, time.monotonic() - self.began, time.time())
                 pytest.fail(f"job ran past {self.timeout:.0f}s and was killed: {' '.join(self.args)}\n"
-                            f"{output[-6000:]}")
+                            f"{excerpt(output)}")
             if (code != 0 and self._port_retry and self.ranks is None and _PORT_CLASH in output
                     and any(flag in self.args for flag in _PORT_FLAGS)):
                 self._port_retry = False
@@ -287,7 +307,7 @@ class Job:
             self.finished = Finished(code, output, time.monotonic() - self.began, time.time())
         if expect is not None and self.finished.returncode != expect:
             pytest.fail(f"job exited {self.finished.returncode} (expected {expect}): {' '.join(self.args)}\n"
-                        f"{self.finished.output[-6000:]}")
+                        f"{excerpt(self.finished.output)}")
         return self.finished
 
     def _kill_all(self, dump_stacks: bool = False) -> None:

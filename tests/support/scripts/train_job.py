@@ -211,6 +211,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--wait-for", help="after importing, wait until this file exists before training")
     parser.add_argument("--wait-timeout", type=float, default=300.0,
                         help="seconds to wait for --wait-for (longer than any test's deadline) before giving up")
+    parser.add_argument("--announce-wait", help="file to create as the wait for --wait-for starts (imports done)")
     parser.add_argument("--progress", help="file that holds the last optimizer step taken")
     parser.add_argument("--batch-sleep", type=float, default=0.0, help="seconds to sleep after each batch")
     parser.add_argument("--slow-save", type=float, default=0.0, help="seconds to sleep after each file saved")
@@ -261,6 +262,8 @@ def main() -> None:
         # Importing is most of a job's cost; a test starts the next job early and lets it train later.
         # Bounded, so a job whose test died before creating the file does not wait forever.
         deadline = time.monotonic() + args.wait_timeout
+        if args.announce_wait:
+            pathlib.Path(args.announce_wait).touch()
         while not os.path.exists(args.wait_for):
             if time.monotonic() > deadline:
                 sys.exit(f"--wait-for {args.wait_for} did not appear within {args.wait_timeout:g} s; giving up.")
