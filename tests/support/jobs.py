@@ -89,12 +89,10 @@ def excerpt(output: str, limit: int = SHOWN_OUTPUT) -> str:
     importing, say) would show everything but that; when the stacks are longer than `limit`, their
     start and their end are shown."""
     start = output.find(STACK_DUMP_FIRST_LINE)
-    if start < 0 or start >= len(output) - limit:
+    if start < 0 or len(output) - start <= limit:  # no stacks, or the tail holds all of them
         return output[-limit:]
     stacks = output[start:]
     head, tail = limit * 2 // 3, limit // 3
-    if len(stacks) <= limit:
-        return stacks
     return f"{stacks[:head]}\n[... {len(stacks) - head - tail} characters of stacks left out ...]\n{stacks[-tail:]}"
 
 
