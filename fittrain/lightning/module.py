@@ -28,6 +28,7 @@ import torch
 from fittrain.data import batch_size_of
 from fittrain.trainer.configure import SchedulerConfig
 from fittrain.trainer.datamodule import DataModule
+from fittrain.trainer.metric_objects import as_metric
 from fittrain.trainer.module import HParams, TrainModule
 
 if TYPE_CHECKING:
@@ -108,7 +109,12 @@ class LightningModule(TrainModule):
                                  "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
             evaluating = trainer.evaluation.averager is not None
-            if evaluating and not sync_dist and on_epoch is not False:
+            metric = as_metric(value)  # a torchmetrics Metric: computed by torchmetrics over every process
+            if evaluating and metric is not None and on_step:
+                raise ValueError(f"{type(self).__name__}.log({name!r}, {type(metric).__name__}, on_step=True) in an "
+                                 "evaluation loop: fittrain logs a Metric's compute() at the loop's end only. Leave "
+                                 "on_step out, or log the metric's value of the batch, metric(preds, target).")
+            if evaluating and not sync_dist and on_epoch is not False and metric is None:
                 names.add_local(name, value, float(batch_size or batch_size_of(trainer.evaluation.batch) or 1))
             if on_step and evaluating:
                 # Lightning's per-batch value in an evaluation loop (x_step, for the loggers), which the

@@ -13,6 +13,7 @@ Holds:
     configure       the one parser of `configure_optimizers`, for both modes
     schedules       when the LR scheduler steps (`Schedule` objects called at the loop's fixed points)
     logged          `MetricLog`: self.log's options (on_step/on_epoch, reduce_fx, sync_dist, prog_bar, logger)
+    metric_objects  torchmetrics `Metric`s given to self.log: Lightning's values and resets, states in checkpoints
     monitor         `Monitor`: a watched metric, its mode and best value (EarlyStop, Checkpointer,
                     plateau schedules)
     evaluation      `Evaluation`: the validation, test and predict loops, returning their results

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from fittrain.trainer.events import Callback
+from fittrain.trainer.metric_objects import STATE_KEY as METRIC_STATES
 from fittrain.trainer.module_hooks import overrides
 
 if TYPE_CHECKING:
+    from fittrain.trainer.metric_objects import MetricObjects
     from fittrain.trainer.module import TrainModule
 
 
@@ -26,9 +28,11 @@ class CallbackStates:
     """
 
     def __init__(self, callbacks: Sequence[Callback], module: "TrainModule | None" = None,
-                 datamodule: Any = None) -> None:
+                 datamodule: Any = None, metric_objects: "MetricObjects | None" = None) -> None:
         self.callbacks = callbacks
         self.module = module
+        # The states of the torchmetrics Metrics logged in the current epoch (fittrain/trainer/metric_objects.py).
+        self.metric_objects = metric_objects
         # A DataModule's state_dict/load_state_dict, when its class defines them (fittrain/trainer/datamodule.py).
         self.datamodule = datamodule if callable(getattr(datamodule, "state_dict", None)) else None
 
@@ -51,6 +55,9 @@ class CallbackStates:
         if self.datamodule is not None:
             states[self._datamodule_key()] = state = self.datamodule.state_dict()
             check_loadable(self.datamodule, state)
+        metric_states = self.metric_objects.state_dict() if self.metric_objects is not None else None
+        if metric_states is not None:
+            states[METRIC_STATES] = metric_states
         return states
 
     def _hparams_key(self) -> str:
@@ -73,6 +80,8 @@ class CallbackStates:
                           "ones; pass the saved values to resume the same run.", stacklevel=2)
         if self.datamodule is not None and self._datamodule_key() in state:
             self.datamodule.load_state_dict(state[self._datamodule_key()])
+        if self.metric_objects is not None:
+            self.metric_objects.load_state_dict(state.get(METRIC_STATES))
 
 
 def check_loadable(owner: Any, state: Any, what: str = "state_dict() returned") -> None:

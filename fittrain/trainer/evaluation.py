@@ -101,6 +101,7 @@ class Evaluation:
         self.batch_idx = 0
         self.outputs: Any = None
         self.running = False  # from the loop's start event to its end event (`loop`)
+        self._to_reset: dict[int, Any] = {}  # torchmetrics Metrics logged in the loop: reset as it ends
         self._fire = fire
         # One prepared loader per (loader, padding rule), so repeated calls don't pile up data positions.
         self._loaders: dict[tuple[int, bool], Any] = {}
@@ -114,6 +115,14 @@ class Evaluation:
             yield
         finally:
             self.running = False
+            # After the loop's end hooks, as Lightning does: on_validation_epoch_end may still read them.
+            to_reset, self._to_reset = self._to_reset, {}
+            for metric in to_reset.values():
+                metric.reset()
+
+    def reset_later(self, metric: Any) -> None:
+        """Resets a torchmetrics Metric logged in this loop when the loop ends."""
+        self._to_reset[id(metric)] = metric
 
     def prepare_loader(self, loader: Any, even_batches: bool = False) -> Any:
         """The prepared evaluation loader, built once per loader and padding rule."""
@@ -161,6 +170,8 @@ class Evaluation:
                     target.add_output(self.outputs, method)
                 if counted:
                     self._fire(batch_end)
+        for metric in averager.metrics.values():
+            self.reset_later(metric)
         return averager.result(acc)
 
     def predict(self, runner: StepRunner, loader: Any, limit: int | None = None) -> Any:

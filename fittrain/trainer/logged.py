@@ -24,7 +24,8 @@ Every process must log the same names with `sync_dist=True`, as in Lightning. Ev
 metrics are always reduced across processes, once per loop.
 
 `prog_bar=True` shows the value on the progress bar; `logger=False` keeps it out of the Logger's
-trackers (it still is in `trainer.state.metrics`, for callbacks).
+trackers (it still is in `trainer.state.metrics`, for callbacks). A torchmetrics `Metric` object is
+logged as Lightning logs it: fittrain/trainer/metric_objects.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from fittrain.common.reprs import short_repr
 from fittrain.data import batch_size_of
 from fittrain.distributed import collectives
+from fittrain.trainer.metric_objects import MetricObjects, as_metric
 
 if TYPE_CHECKING:
     from fittrain.trainer.trainer import Trainer
@@ -153,6 +155,7 @@ class MetricLog:
         self._last_detached: Any = None
         # A training batch's self.log options, checked once: (name, options) -> what `_plan` returns.
         self._plans: dict[tuple[Any, ...], tuple[tuple[str, ...], str | None, str]] = {}
+        self.objects = MetricObjects(trainer)  # torchmetrics Metric objects logged: fittrain/trainer/metric_objects.py
 
     # ----------------------------------------------------------------- the loop's calls
     def end_batch(self) -> None:
@@ -175,6 +178,7 @@ class MetricLog:
         running, state.epoch_logs = state.epoch_logs, {}
         fold_all(running.values())
         values = {name: r.result() for name, r in running.items()}
+        metric_values = self.objects.end_epoch()
         if acc.num_processes > 1:
             mine = [(name, r.reduce_fx) for name, r in running.items() if r.sync]
             gathered = collectives.gather_object(mine, acc.state)
@@ -185,7 +189,7 @@ class MetricLog:
                     values[name] = running[name].value
             self._reduce(values, wanted, running)
         self.epoch_names = []
-        for name, value in values.items():
+        for name, value in {**values, **metric_values}.items():
             self._record_epoch_value(name, value)
 
     # ----------------------------------------------------------------- self.log
@@ -216,6 +220,11 @@ class MetricLog:
             if value is not self._last_logged:
                 self._last_logged, self._last_detached = value, value.detach()
             value = self._last_detached
+        elif (metric := as_metric(value)) is not None:
+            if epoch_name in trainer.state.epoch_logs:  # a tensor logged under that name earlier in the epoch
+                self._start_running(epoch_name, trainer.state.epoch_logs[epoch_name], "Metric", False)
+            self.objects.log_step(name, metric, step_names, epoch_name)
+            return
         else:
             value = _scalar(name, value)
         if step_names:
@@ -266,18 +275,26 @@ class MetricLog:
                        on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, batch_size: int | None) -> None:
         """`self.log` outside a training batch: a loop mean in evaluation, else the value itself."""
         fx = check_reduce_fx(reduce_fx)
-        value = _scalar(name, value)
+        metric = as_metric(value)
+        value = _scalar(name, value) if metric is None else metric
         trainer = self.trainer
-        averager = trainer.evaluation.averager
-        if averager is not None:
+        evaluation = trainer.evaluation
+        if evaluation.averager is not None:
             _refuse(name, on_step is True or on_epoch is False or fx != "mean",
                     "in validation_step and test_step, fittrain records the mean of each value over every sample of "
-                    "the loop (Lightning's defaults there): leave on_step, on_epoch and reduce_fx at their defaults")
+                    "the loop (Lightning's defaults there; a Metric's compute() at the loop's end): leave on_step, "
+                    "on_epoch and reduce_fx at their defaults")
             self._flags(name, prog_bar, logger)
-            averager.log(name, value, batch_size)
+            evaluation.averager.log(name, value, batch_size)
             return
         _refuse(name, on_step is True, "outside a training batch (an epoch hook) there is no step to log at: "
                                        "leave on_step at its default")
+        if metric is not None:  # computed now, reset at the loop's or the training epoch's end, as in Lightning
+            self._flags(name, prog_bar, logger)
+            if evaluation.running:
+                evaluation.reset_later(metric)
+            trainer.state.raw_metrics[name] = self.objects.compute_now(name, metric, not evaluation.running)
+            return
         if sync_dist:
             value = trainer.accelerator.reduce(value, reduction=fx)
         self._flags(name, prog_bar, logger)
@@ -301,10 +318,12 @@ class MetricLog:
 
     def _start_running(self, name: str, running: Running | None, fx: str, sync: bool) -> Running:
         """The epoch's first value of `name`: its running reduction; other options than before are refused."""
-        if running is not None:
-            raise ValueError(f"self.log({name!r}, ...) was called with reduce_fx={fx!r}, sync_dist={sync} after "
-                             f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync} in the same epoch. Pass the "
-                             "same options at every call.")
+        if running is not None or name in self.objects.epoch:
+            before = "a torchmetrics Metric" if running is None else \
+                f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync}"
+            now = "a torchmetrics Metric" if fx == "Metric" else f"reduce_fx={fx!r}, sync_dist={sync}"
+            raise ValueError(f"self.log({name!r}, ...) was called with {now} after {before} in the same epoch. Pass "
+                             "the same kind of value and options at every call.")
         running = self.trainer.state.epoch_logs[name] = Running(fx, sync)
         return running
 
@@ -363,9 +382,9 @@ def _scalar(name: str, value: Any) -> torch.Tensor:
             return value.clone() if may_change else value
     elif isinstance(value, numbers.Real):
         return torch.tensor(float(value))
-    raise ValueError(f"self.log({name!r}, value) takes a number or a one-element tensor. Received: "
-                     f"{short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). Log a "
-                     "scalar such as loss or acc.mean(); for a torchmetrics Metric, log metric.compute().")
+    raise ValueError(f"self.log({name!r}, value) takes a number, a one-element tensor or a torchmetrics Metric. "
+                     f"Received: {short_repr(value)} ({type(value).__name__}{tuple(getattr(value, 'shape', ()))}). "
+                     "Log a scalar such as loss or acc.mean(), and a dict of them with self.log_dict.")
 
 
 def _batch_weight(batch: Any) -> float:

@@ -128,7 +128,9 @@ class TrainModule(LifecycleHooks, nn.Module):
         reduces across processes, `prog_bar` shows it on the progress bar, `logger=False` keeps it
         from the trackers; `add_dataloader_idx` changes nothing (a loop has one loader). Tensors are
         kept on their device and read only when something asks; one that may change in place later
-        (a parameter, a buffer, a view of one) is copied, so the value logged is the value now.
+        (a parameter, a buffer, a view of one) is copied, so the value logged is the value now. A
+        torchmetrics `Metric` (an attribute of the module) is logged as Lightning logs it
+        (fittrain/trainer/metric_objects.py).
 
         Raises:
             RuntimeError: outside a running Trainer.
@@ -151,7 +153,7 @@ class TrainModule(LifecycleHooks, nn.Module):
         elif sync_dist_group is not None:
             option, fix = "sync_dist_group", "sync_dist reduces over every process"
         elif metric_attribute is not None:
-            option, fix = "metric_attribute", "log metric.compute() as a number"
+            option, fix = "metric_attribute", "leave it out: fittrain finds a logged Metric among the module's own"
         else:
             option, fix = "rank_zero_only=True", "call self.log on every process"
         raise ValueError(f"{type(self).__name__}.log({name!r}, ..., {option}...): fittrain does not support this "

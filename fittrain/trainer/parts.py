@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset
 from fittrain.common.reprs import short_repr
 from fittrain.data import batch_size_of
 from fittrain.distributed import collectives
+from fittrain.trainer.metric_objects import as_metric, computed
 
 if TYPE_CHECKING:
     from fittrain.accelerator.accelerator import Accelerator
@@ -242,11 +243,15 @@ class ValidationAverager:
         self.counts: dict[str, float] = {}
         self._weight = 1
         self._logged: set[str] = set()  # names the current batch's step recorded with self.log
+        self.metrics: dict[str, Any] = {}  # name -> torchmetrics Metric logged (fittrain/trainer/metric_objects.py)
 
     def log(self, name: str, value: Any, batch_size: int | None = None) -> None:
         """Adds a value the step recorded with `self.log` (weighted by `batch_size` when given); it wins
         over a returned value of the same name."""
         self._logged.add(name)
+        if as_metric(value) is not None:  # a torchmetrics Metric: its compute() at the loop's end
+            self.metrics[name] = value
+            return
         self.add(name, value, batch_size)
 
     def add(self, name: str, value: Any, weight: float | None = None) -> None:
@@ -282,13 +287,16 @@ class ValidationAverager:
 
     def result(self, accelerator: "Accelerator") -> dict[str, float]:
         """The averages over every process (all ranks must call this)."""
+        # Each Metric's compute() (a collective of torchmetrics' own), in the same order on every process.
+        metrics = {name: computed(name, metric) for name, metric in sorted(self.metrics.items())}
         names = sorted(set().union(*collectives.gather_object(sorted(self.sums), accelerator.state)))
         if not names:
-            return {}
+            return metrics
         table = torch.zeros(2, len(names), dtype=torch.float64, device=self.device)
         for j, name in enumerate(names):
             if name in self.sums:
                 table[0, j] = torch.as_tensor(self.sums[name], dtype=torch.float64)
                 table[1, j] = self.counts[name]
         table = accelerator.reduce(table, reduction="sum")
-        return {name: float(table[0, j] / table[1, j]) for j, name in enumerate(names) if table[1, j] > 0}
+        means = {name: float(table[0, j] / table[1, j]) for j, name in enumerate(names) if table[1, j] > 0}
+        return {**means, **metrics}

@@ -278,6 +278,7 @@ class Trainer:
             raise
         finally:
             window.close()
+            self.logged.objects.close()
             self.data.end("fit")
 
     def _train(self, window: StepWindow) -> None:
@@ -335,6 +336,7 @@ class Trainer:
             state.check_loss()
             logged.end_epoch()  # self.log(on_epoch=True) values, reduced over the epoch
             fire(Event.TRAIN_EPOCH_END)
+            logged.objects.reset()  # the epoch's torchmetrics Metrics, after its end hooks as in Lightning
             state.epoch += 1
             state.should_stop = bool(self.accelerator.broadcast(state.should_stop))
 
@@ -510,7 +512,8 @@ class Trainer:
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
-        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule))
+        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule,
+                                                                self.logged.objects))
         load_resumed(self, resume)
         self.loops.plan_fit(self.train_loader, self.val_loader, resume.checkpoint is None, self.lengths,
                             acc.gradient_accumulation_steps)

@@ -255,8 +255,8 @@ def test_a_value_that_is_not_one_number_is_refused_naming_it(tmp_path, value, sh
             self.log("bad", value)
             return super().training_step(batch, batch_idx)
 
-    with pytest.raises(ValueError, match=r"self\.log\('bad', value\) takes a number or a one-element tensor\. "
-                                         rf"Received: .*{re.escape(shown)}\. Log a scalar"):
+    with pytest.raises(ValueError, match=r"self\.log\('bad', value\) takes a number, a one-element tensor or a "
+                                         rf"torchmetrics Metric\. Received: .*{re.escape(shown)}\. Log a scalar"):
         _fit(tmp_path, Bad())
 
 
