@@ -222,7 +222,7 @@ class MetricLog:
             value = self._last_detached
         elif (metric := as_metric(value)) is not None:
             if epoch_name in trainer.state.epoch_logs:  # a tensor logged under that name earlier in the epoch
-                self._start_running(epoch_name, trainer.state.epoch_logs[epoch_name], "Metric", False)
+                _refuse_another_kind(epoch_name, trainer.state.epoch_logs[epoch_name], "a torchmetrics Metric")
             self.objects.log_step(name, metric, step_names, epoch_name)
             return
         else:
@@ -319,11 +319,7 @@ class MetricLog:
     def _start_running(self, name: str, running: Running | None, fx: str, sync: bool) -> Running:
         """The epoch's first value of `name`: its running reduction; other options than before are refused."""
         if running is not None or name in self.objects.epoch:
-            before = "a torchmetrics Metric" if running is None else \
-                f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync}"
-            now = "a torchmetrics Metric" if fx == "Metric" else f"reduce_fx={fx!r}, sync_dist={sync}"
-            raise ValueError(f"self.log({name!r}, ...) was called with {now} after {before} in the same epoch. Pass "
-                             "the same kind of value and options at every call.")
+            _refuse_another_kind(name, running, f"reduce_fx={fx!r}, sync_dist={sync}")
         running = self.trainer.state.epoch_logs[name] = Running(fx, sync)
         return running
 
@@ -394,6 +390,14 @@ def _batch_weight(batch: Any) -> float:
     if type(first) is torch.Tensor and first.ndim and first.shape[0]:
         return float(first.shape[0])
     return float(batch_size_of(batch) or 1)
+
+
+def _refuse_another_kind(name: str, running: Running | None, now: str) -> None:
+    """Refuses an epoch value logged with other options (`now`) than earlier in the epoch (`running`'s,
+    or a torchmetrics Metric's when None)."""
+    before = f"reduce_fx={running.reduce_fx!r}, sync_dist={running.sync}" if running else "a torchmetrics Metric"
+    raise ValueError(f"self.log({name!r}, ...) was called with {now} after {before} in the same epoch. Pass the same "
+                     "kind of value and options at every call.")
 
 
 def _refuse(name: str, condition: bool, why: str) -> None:
