@@ -12,9 +12,12 @@ in checkpoints.
   `reset()` at the end of the evaluation loop or training epoch it belongs to.
 
 torchmetrics reduces across processes itself in `compute()`, so `sync_dist` and `reduce_fx` do not
-apply, and every process must log the same metrics. The metric must be an attribute of the module
-(`self.train_acc = BinaryAccuracy()`), so that checkpoints can keep the states of the metrics the
-current epoch has updated: a run resumed mid-epoch ends the epoch with the same value. On the same
+apply, and every process must log the same metrics.
+
+Checkpoints keep the states of every Metric the module holds (`self.train_acc = BinaryAccuracy()`,
+also inside a MetricCollection or ModuleDict), logged or computed by hand, so a run resumed
+mid-epoch ends the epoch with the same values; a Metric logged in an epoch that the module does
+not hold makes the first save fail, naming it. Lightning keeps none of these states. On the same
 number of processes each process gets its own states back; on another number, process 0 gets them
 merged (sums added, lists joined, extremes taken) and the others start empty.
 torchmetrics is never imported here: a value is a Metric only if torchmetrics is loaded already.
@@ -80,7 +83,7 @@ class MetricObjects:
     # ----------------------------------------------------------------- logging
     def log_step(self, name: str, metric: Any, step_names: tuple[str, ...], epoch_name: str | None) -> None:
         """A metric logged in a training batch: its step value now, its epoch value at the epoch's end."""
-        if self._hook is None:
+        if self._hook is None:  # a Metric the module does not hold: the first save says so
             self._hook = self.trainer.accelerator.register_save_state_pre_hook(self._collect)
         self.used[id(metric)] = metric
         if epoch_name is not None:
@@ -123,63 +126,71 @@ class MetricObjects:
             self._hook = None
 
     # ----------------------------------------------------------------- checkpoints
+    def start(self) -> None:
+        """Watches saves when the module holds a Metric (at the fit's setup; a Metric logged later that
+        the module does not hold makes the first save fail, naming it)."""
+        if self._hook is None and _module_metrics(self.trainer.module):
+            self._hook = self.trainer.accelerator.register_save_state_pre_hook(self._collect)
+
     def _collect(self, *hook_args: Any) -> None:
-        """The save pre-hook, on every process: each one's states of this epoch's metrics, copied to the
-        CPU and gathered (the main process writes them with the callbacks' states)."""
-        paths = {id(m): path for path, m in self.trainer.module.named_modules()}
-        mine = {}
+        """The save pre-hook, on every process: the states of the module's Metrics that something updated
+        since their last reset (not those of an epoch that just ended: they are about to be reset), copied
+        to the CPU and gathered; the main process writes them with the callbacks' states."""
+        held = _module_metrics(self.trainer.module)
+        paths = {id(metric): path for path, metric in held.items()}
         for key, metric in self.used.items():
-            path = paths.get(key)
-            if path is None:
+            if key not in paths:
                 kind = type(metric).__name__
                 raise ValueError(f"A checkpoint cannot keep the state of the {kind} logged with self.log in this "
                                  f"epoch: it is not an attribute of the module. Assign it in __init__ (self.acc = "
                                  f"{kind}(...)), or put it in a torch.nn.ModuleDict or ModuleList there.")
-            mine[path] = {"states": {attr: _to_cpu(getattr(metric, attr)) for attr in metric._defaults},
-                          "updates": int(metric._update_count)}
-        # Which epoch value each metric gives: a resumed epoch computes it even with no batch left to log it.
-        epoch = {name: paths[id(metric)] for name, metric in self.epoch.items()}
-        self._gathered = {"processes": self.trainer.accelerator.num_processes, "epoch": epoch,
-                          "ranks": collectives.gather_object(mine, self.trainer.accelerator.state)}
+        mine = {path: {"states": {attr: _to_cpu(getattr(metric, attr)) for attr in metric._defaults},
+                       "updates": int(metric._update_count)}
+                for path, metric in held.items() if metric._update_count and id(metric) not in self.ending}
+        self._gathered = {
+            "processes": self.trainer.accelerator.num_processes,
+            # The epoch values each metric gives, and the metrics the epoch logged (reset at its end): a
+            # resumed epoch computes and resets them even with no batch left to log them.
+            "epoch": {name: paths[id(metric)] for name, metric in self.epoch.items()},
+            "used": sorted(paths[key] for key in self.used),
+            "ranks": collectives.gather_object(mine, self.trainer.accelerator.state)}
 
     def state_dict(self) -> dict[str, Any] | None:
-        """What the last save's pre-hook gathered; None when no metric was logged in the fit."""
+        """What the last save's pre-hook gathered; None when the fit saved no Metric's state."""
         return self._gathered
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Gives each process its saved states back (merged on process 0 for another process count).
+        """Resets the module's Metrics and gives each process its saved states back (merged on process 0
+        for another process count).
 
         Raises:
-            ValueError: when the module has no metric where the checkpoint has states, or a state
+            ValueError: when the module has no Metric where the checkpoint has states, or a state
                 cannot be merged across processes (a reduction other than sum, cat, min, max).
         """
+        held = _module_metrics(self.trainer.module)
+        for metric in held.values():
+            metric.reset()
         if not state:
             return
-        acc, module = self.trainer.accelerator, self.trainer.module
-        ranks, rank = state["ranks"], acc.process_index
+        acc, ranks = self.trainer.accelerator, state["ranks"]
         same = state["processes"] == acc.num_processes
-        restored: dict[str, Any] = {}
-        for path in sorted({path for entries in ranks for path in entries}):
-            metric = as_metric(_submodule(module, path))
-            if metric is None:
+        for path in sorted({path for entries in ranks for path in entries} | set(state["used"])):
+            if path not in held:
                 raise ValueError(f"The checkpoint holds the states of a torchmetrics Metric at {path!r} of the "
-                                 f"module, but {type(module).__name__} has no Metric there. Resume with the module "
-                                 "that saved it.")
-            metric.reset()
-            entries = [ranks[rank]] if same else ranks if rank == 0 else []
-            entries = [entry[path] for entry in entries if path in entry]
-            if entries:
-                _restore(path, metric, entries)
-            self.used[id(metric)] = metric  # the resumed epoch's: saved again, reset at its end
-            restored[path] = metric
-        self.epoch = {name: restored[path] for name, path in state["epoch"].items()}
+                                 f"module, but {type(self.trainer.module).__name__} has no Metric there. Resume "
+                                 "with the module that saved it.")
+        entries = [ranks[acc.process_index]] if same else ranks if acc.process_index == 0 else []
+        for path, metric in held.items():
+            saved = [entry[path] for entry in entries if path in entry]
+            if saved:
+                _restore(path, metric, saved)
+        self.used = {id(held[path]): held[path] for path in state["used"]}
+        self.epoch = {name: held[path] for name, path in state["epoch"].items()}
 
 
-def _submodule(module: torch.nn.Module, path: str) -> Any:
-    try:
-        return module.get_submodule(path)
-    except AttributeError:
-        return None
+def _module_metrics(module: torch.nn.Module) -> dict[str, Any]:
+    """The torchmetrics Metrics a module holds, by attribute path (a MetricCollection's members too)."""
+    return {path: sub for path, sub in module.named_modules() if as_metric(sub) is not None}
 
 
 def _to_cpu(state: Any) -> Any:

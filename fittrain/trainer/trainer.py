@@ -512,6 +512,7 @@ class Trainer:
         acc.unwrap_model(self.model, keep_fp32_wrapper=False)
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
+        self.logged.objects.start()  # the module's torchmetrics states travel in checkpoints
         acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule,
                                                                 self.logged.objects))
         load_resumed(self, resume)

@@ -26,7 +26,8 @@ def make_loader(n: int = 10, batch_size: int = 4) -> DataLoader:
 
 class Measured(TrainModule):
     """A regression logging a sum-state metric (MAE: step and epoch) and a list-state one (Spearman's
-    rank correlation, epoch only, updated without forward), and MAE in validation."""
+    rank correlation, epoch only, updated without forward), MAE in validation, and MSE updated in
+    each batch but logged in on_train_epoch_end only."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,6 +36,7 @@ class Measured(TrainModule):
         self.mae = torchmetrics.MeanAbsoluteError()
         self.spearman = torchmetrics.SpearmanCorrCoef()
         self.val_mae = torchmetrics.MeanAbsoluteError()
+        self.mse = torchmetrics.MeanSquaredError()
         self.steps: list[tuple[int, float]] = []  # (epoch, the step value of mae) per batch
 
     def training_step(self, batch, batch_idx):
@@ -44,6 +46,7 @@ class Measured(TrainModule):
         self.log("mae", self.mae, on_step=True, on_epoch=True)
         self.spearman.update(pred.detach().flatten(), y.flatten())
         self.log("rho", self.spearman, on_step=False, on_epoch=True)
+        self.mse.update(pred, y)
         self.steps.append((self.current_epoch, float(self.trainer.state.raw_metrics["mae_step"])))
         return nn.functional.mse_loss(pred, y)
 
@@ -51,6 +54,9 @@ class Measured(TrainModule):
         x, y = batch
         self.val_mae.update(self.net(x), y)
         self.log("val_mae", self.val_mae)
+
+    def on_train_epoch_end(self):
+        self.log("mse", self.mse)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
@@ -82,8 +88,9 @@ def test_step_epoch_and_validation_values_are_lightnings(tmp_path):
     assert metrics["mae_epoch"] == pytest.approx(float(torch.cat(errors).mean()), rel=1e-6)
     assert metrics["val_mae"] == pytest.approx(float((net(x) - y).abs().mean().detach()), rel=1e-6)
     assert -1 <= metrics["rho"] <= 1
+    assert metrics["mse"] == pytest.approx(float(torch.cat(errors).pow(2).mean()), rel=1e-6)
     # Every metric logged is reset once its epoch or loop ended, as Lightning does.
-    assert (module.mae._update_count, module.spearman._update_count, module.val_mae._update_count) == (0, 0, 0)
+    assert [m._update_count for m in (module.mae, module.spearman, module.val_mae, module.mse)] == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("cut_after_steps", [4, 3], ids=["mid-epoch", "at-an-epoch-end"])
@@ -93,7 +100,7 @@ def test_a_resumed_epoch_ends_with_the_same_metric_values(tmp_path, cut_after_st
     _fit(tmp_path / "cut", Measured(), max_steps=cut_after_steps, callbacks=every_step)
     resumed = _fit(tmp_path / "cut", Measured(), resume_from="latest", callbacks=every_step).state.raw_metrics
     # Bitwise: the restored states are the saved tensors, updated by the same batches in the same order.
-    for name in ("mae_epoch", "rho", "val_mae"):
+    for name in ("mae_epoch", "rho", "val_mae", "mse"):
         assert resumed[name] == whole[name], name
 
 
