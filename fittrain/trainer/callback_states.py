@@ -1,5 +1,5 @@
-"""All callbacks' states, what the module's checkpoint hooks keep, and a DataModule's state, as one
-object that checkpoints save and restore (custom_checkpoint_1.pt)."""
+"""All callbacks' states, what the module's checkpoint hooks keep, a DataModule's state and the module's
+torchmetrics states, as one object that checkpoints save and restore (custom_checkpoint_1.pt)."""
 
 from __future__ import annotations
 
