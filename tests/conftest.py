@@ -44,13 +44,18 @@ _started_key = pytest.StashKey[list]()
 #: Most workers `-n auto` starts: each holds a forkserver with torch imported and runs multi-process
 #: jobs of its own, so a many-core machine gains little past this and pays in memory.
 MAX_WORKERS = 8
+#: Workers per core. The suite waits more than it computes (jobs starting, ranks meeting, watchdogs
+#: and signal tests waiting out their bounds): on 2 cores, 2 workers kept ~1.2 cores busy. Measured
+#: on the 2-core machine (2026-12-03, whole suite): 2 workers 1228 s, 3 workers 1067 s, 4 workers
+#: 884 s using 1.46 cores.
+WORKERS_PER_CORE = 2
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (pyproject.toml's addopts): one worker per core this process may run on, at most
-    `MAX_WORKERS`. On the 2-core machine that is 2, which overlaps one worker's process starts
-    (importing torch) with the other's tests."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    """`-n auto` (pyproject.toml's addopts): `WORKERS_PER_CORE` workers per core this process may run
+    on, at most `MAX_WORKERS`: 4 on the 2-core machine, so that one worker's waits overlap the
+    others' work."""
+    return max(1, min(WORKERS_PER_CORE * len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
