@@ -9,9 +9,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fittrain import Trainer, TrainModule
+from fittrain import Trainer
 from fittrain.callbacks import Checkpointer
 from fittrain.trainer.metric_objects import merge_state
+from support.jobs import load_script
 
 torchmetrics = pytest.importorskip("torchmetrics")
 # SpearmanCorrCoef keeps every prediction, and says so each time one is made.
@@ -24,42 +25,8 @@ def make_loader(n: int = 10, batch_size: int = 4) -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch_size)
 
 
-class Measured(TrainModule):
-    """A regression logging a sum-state metric (MAE: step and epoch) and a list-state one (Spearman's
-    rank correlation, epoch only, updated without forward), MAE in validation, and MSE updated in
-    each batch but logged in on_train_epoch_end only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Linear(3, 1)
-        self.mae = torchmetrics.MeanAbsoluteError()
-        self.spearman = torchmetrics.SpearmanCorrCoef()
-        self.val_mae = torchmetrics.MeanAbsoluteError()
-        self.mse = torchmetrics.MeanSquaredError()
-        self.steps: list[tuple[int, float]] = []  # (epoch, the step value of mae) per batch
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        pred = self.net(x)
-        self.mae(pred, y)
-        self.log("mae", self.mae, on_step=True, on_epoch=True)
-        self.spearman.update(pred.detach().flatten(), y.flatten())
-        self.log("rho", self.spearman, on_step=False, on_epoch=True)
-        self.mse.update(pred, y)
-        self.steps.append((self.current_epoch, float(self.trainer.state.raw_metrics["mae_step"])))
-        return nn.functional.mse_loss(pred, y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.val_mae.update(self.net(x), y)
-        self.log("val_mae", self.val_mae)
-
-    def on_train_epoch_end(self):
-        self.log("mse", self.mse)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+#: The module every test here fits (and the 2-process job too): see its docstring.
+Measured = load_script("metric_objects_worker").Measured
 
 
 def _fit(folder, module, **options) -> Trainer:

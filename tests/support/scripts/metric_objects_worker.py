@@ -1,7 +1,7 @@
 """One process of the torchmetrics resume job: `metric_objects_worker.py --out DIR [--elastic]`.
 
-A regression logs a sum-state metric (MAE, step and epoch), a list-state one (Spearman's rank
-correlation, epoch) and MAE in validation, on 24 samples in batches of 3. Without `--elastic`
+`Measured` (which tests/trainer/test_logged_metric_objects.py fits in its own process too) logs
+torchmetrics Metrics of every kind; here on 24 samples in batches of 3. Without `--elastic`
 (2 processes: 4 batches a process and epoch) it fits 2 epochs whole, then cut after 6 steps (mid
 epoch 2, a checkpoint every step) and resumed, and also whole and cut with lr=0 (the same
 predictions on any number of processes). With `--elastic` (1 process) it resumes that lr=0 cut
@@ -22,11 +22,15 @@ from torch.utils.data import DataLoader, TensorDataset
 from fittrain import Trainer, TrainModule
 from fittrain.callbacks import Checkpointer
 
-NAMES = ("mae_epoch", "rho", "val_mae")
+NAMES = ("mae_epoch", "rho", "val_mae", "mse")
 
 
 class Measured(TrainModule):
-    def __init__(self, lr: float) -> None:
+    """A regression logging a sum-state metric (MAE: step and epoch) and a list-state one (Spearman's
+    rank correlation, epoch only, updated without forward), MAE in validation, and MSE updated in
+    each batch but logged in on_train_epoch_end only."""
+
+    def __init__(self, lr: float = 0.05) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.lr = lr
@@ -34,6 +38,8 @@ class Measured(TrainModule):
         self.mae = torchmetrics.MeanAbsoluteError()
         self.spearman = torchmetrics.SpearmanCorrCoef()
         self.val_mae = torchmetrics.MeanAbsoluteError()
+        self.mse = torchmetrics.MeanSquaredError()
+        self.steps: list[tuple[int, float]] = []  # (epoch, the step value of mae) per batch
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -41,13 +47,18 @@ class Measured(TrainModule):
         self.mae(pred, y)
         self.log("mae", self.mae, on_step=True, on_epoch=True)
         self.spearman.update(pred.detach().flatten(), y.flatten())
-        self.log("rho", self.spearman, on_epoch=True, on_step=False)
+        self.log("rho", self.spearman, on_step=False, on_epoch=True)
+        self.mse.update(pred, y)
+        self.steps.append((self.current_epoch, float(self.trainer.state.raw_metrics["mae_step"])))
         return nn.functional.mse_loss(pred, y)
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
         self.val_mae.update(self.net(x), y)
         self.log("val_mae", self.val_mae)
+
+    def on_train_epoch_end(self):
+        self.log("mse", self.mse)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
