@@ -65,8 +65,9 @@ def computed(name: str, metric: Any) -> float:
 
 
 class MetricObjects:
-    """The Metric objects `self.log` received in the current training epoch, for the epoch value, the
-    reset after the epoch, and the states checkpoints keep. `MetricLog` owns one per fit.
+    """The Metric objects `self.log` received in the current training epoch, for the epoch value and
+    the reset after the epoch, and the module's Metric states that checkpoints keep. `MetricLog` owns
+    one per fit.
 
     Args:
         trainer: The Trainer, whose module and accelerator it reads.
@@ -75,9 +76,9 @@ class MetricObjects:
     def __init__(self, trainer: "Trainer") -> None:
         self.trainer = trainer
         self.epoch: dict[str, Any] = {}  # epoch value name -> metric (on_epoch=True)
-        self.used: dict[int, Any] = {}  # id -> every metric logged in this training epoch (their states are saved)
+        self.used: dict[int, Any] = {}  # id -> every metric logged in this training epoch (reset at its end)
         self.ending: dict[int, Any] = {}  # id -> the metrics to reset after on_train_epoch_end
-        self._hook: Any = None  # the save pre-hook's handle, registered at the first metric logged
+        self._hook: Any = None  # the save pre-hook's handle: from setup if the module holds a Metric
         self._gathered: dict[str, Any] | None = None  # what the last save's pre-hook collected
 
     # ----------------------------------------------------------------- logging
