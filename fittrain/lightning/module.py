@@ -109,7 +109,9 @@ class LightningModule(TrainModule):
                                  "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
             evaluating = trainer.evaluation.averager is not None
-            metric = as_metric(value)  # a torchmetrics Metric: computed by torchmetrics over every process
+            # A torchmetrics Metric, computed by torchmetrics over every process; asked only in evaluation,
+            # so a training step's self.log pays nothing for it.
+            metric = as_metric(value) if evaluating else None
             if evaluating and metric is not None and on_step:
                 raise ValueError(f"{type(self).__name__}.log({name!r}, {type(metric).__name__}, on_step=True) in an "
                                  "evaluation loop: fittrain logs a Metric's compute() at the loop's end only. Leave "
