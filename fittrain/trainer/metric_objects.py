@@ -130,14 +130,14 @@ class MetricObjects:
     def start(self) -> None:
         """Watches saves when the module holds a Metric (at the fit's setup; a Metric logged later that
         the module does not hold makes the first save fail, naming it)."""
-        if self._hook is None and _module_metrics(self.trainer.module):
+        if self._hook is None and module_metrics(self.trainer.module):
             self._hook = self.trainer.accelerator.register_save_state_pre_hook(self._collect)
 
     def _collect(self, *hook_args: Any) -> None:
         """The save pre-hook, on every process: the states of the module's Metrics that something updated
         since their last reset (not those of an epoch that just ended: they are about to be reset), copied
         to the CPU and gathered; the main process writes them with the callbacks' states."""
-        held = _module_metrics(self.trainer.module)
+        held = module_metrics(self.trainer.module)
         paths = {id(metric): path for path, metric in held.items()}
         for key, metric in self.used.items():
             if key not in paths:
@@ -168,7 +168,7 @@ class MetricObjects:
             ValueError: when the module has no Metric where the checkpoint has states, or a state
                 cannot be merged across processes (a reduction other than sum, cat, min, max).
         """
-        held = _module_metrics(self.trainer.module)
+        held = module_metrics(self.trainer.module)
         for metric in held.values():
             metric.reset()
         if not state:
@@ -189,7 +189,7 @@ class MetricObjects:
         self.epoch = {name: held[path] for name, path in state["epoch"].items()}
 
 
-def _module_metrics(module: torch.nn.Module) -> dict[str, Any]:
+def module_metrics(module: torch.nn.Module) -> dict[str, Any]:
     """The torchmetrics Metrics a module holds, by attribute path (a MetricCollection's members too)."""
     return {path: sub for path, sub in module.named_modules() if as_metric(sub) is not None}
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from fittrain.common.reprs import short_repr
 from fittrain.trainer.manual import clip_gradients
+from fittrain.trainer.metric_objects import as_metric, module_metrics
 from fittrain.trainer.module_hooks import LifecycleHooks
 
 if TYPE_CHECKING:
@@ -126,7 +127,9 @@ class TrainModule(LifecycleHooks, nn.Module):
         over the epoch (`reduce_fx`, weighted by `batch_size`, by default the batch's). In
         validation_step and test_step it is averaged over every sample of the loop. `sync_dist`
         reduces across processes, `prog_bar` shows it on the progress bar, `logger=False` keeps it
-        from the trackers; `add_dataloader_idx` changes nothing (a loop has one loader). Tensors are
+        from the trackers; `add_dataloader_idx` changes nothing (a loop has one loader), nor does
+        `metric_attribute` (fittrain finds a Metric's attribute itself; when given, it must name the
+        logged Metric among the module's submodules, as in Lightning). Tensors are
         kept on their device and read only when something asks; one that may change in place later
         (a parameter, a buffer, a view of one) is copied, so the value logged is the value now. A
         torchmetrics `Metric` (an attribute of the module) is logged as Lightning logs it
@@ -135,8 +138,8 @@ class TrainModule(LifecycleHooks, nn.Module):
         Raises:
             RuntimeError: outside a running Trainer.
             ValueError: for an option fittrain does not support (`enable_graph`, `sync_dist_group`,
-                `metric_attribute`, `rank_zero_only`, each named with the fittrain way) or one the
-                place of the call cannot honour.
+                `rank_zero_only`, each named with the fittrain way), a `metric_attribute` that does not
+                name the logged Metric, or an option the place of the call cannot honour.
         """
         trainer = self.__dict__.get("_trainer")
         if trainer is None:
@@ -144,20 +147,43 @@ class TrainModule(LifecycleHooks, nn.Module):
                                "from training_step, validation_step or test_step while the Trainer runs the module "
                                "(fit, validate, test or predict).")
         if enable_graph or sync_dist_group is not None or metric_attribute is not None or rank_zero_only:
-            self._refuse_log_option(name, enable_graph, sync_dist_group, metric_attribute)
+            self._check_log_options(name, value, enable_graph, sync_dist_group, metric_attribute, rank_zero_only)
         trainer.logged.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
 
-    def _refuse_log_option(self, name: str, enable_graph: bool, sync_dist_group: Any, metric_attribute: Any) -> None:
+    def _check_log_options(self, name: str, value: Any, enable_graph: bool, sync_dist_group: Any,
+                           metric_attribute: Any, rank_zero_only: bool) -> None:
+        """Refuses the options of Lightning's `self.log` that fittrain does not support, naming the fittrain
+        way, and a `metric_attribute` that does not name the logged Metric (off the per-step path: only
+        a call that passes one of them gets here)."""
         if enable_graph:
             option, fix = "enable_graph=True", "logged values are detached; log loss.detach()"
         elif sync_dist_group is not None:
             option, fix = "sync_dist_group", "sync_dist reduces over every process"
-        elif metric_attribute is not None:
-            option, fix = "metric_attribute", "leave it out: fittrain finds a logged Metric among the module's own"
-        else:
+        elif rank_zero_only:
             option, fix = "rank_zero_only=True", "call self.log on every process"
+        else:
+            self._check_metric_attribute(name, value, metric_attribute)
+            return
         raise ValueError(f"{type(self).__name__}.log({name!r}, ..., {option}...): fittrain does not support this "
                          f"option of Lightning's; {fix}.")
+
+    def _check_metric_attribute(self, name: str, value: Any, metric_attribute: Any) -> None:
+        """Lightning's `metric_attribute`: the name of the submodule holding a logged Metric (Lightning
+        restores its state through it). fittrain finds that attribute itself, so the option changes
+        nothing; like Lightning, it has no meaning for a value that is not a Metric."""
+        if as_metric(value) is None:
+            return
+        try:
+            found = self.get_submodule(metric_attribute) if isinstance(metric_attribute, str) else None
+        except AttributeError:
+            found = None
+        if found is not value:
+            held = module_metrics(self)
+            where = (f"the submodule path that holds it (the module's Metrics: {', '.join(map(repr, held))})" if held
+                     else "the attribute you assign it to in __init__ (the module holds no Metric now)")
+            raise ValueError(
+                f"{type(self).__name__}.log({name!r}, {type(value).__name__}, metric_attribute={metric_attribute!r}): "
+                f"the logged Metric is not there. Pass {where}, or leave metric_attribute out: fittrain finds it.")
 
     def log_dict(self, dictionary: dict[str, Any], **options: Any) -> None:
         """`self.log(name, value, **options)` for each item (Lightning's `log_dict`); with `sync_dist`,

@@ -39,7 +39,7 @@ def _metric_objects(api: Any, root: pathlib.Path) -> dict[str, Any]:
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
             self.val_mae.update(self.net(x), y)
-            self.log("val_mae", self.val_mae)
+            self.log("val_mae", self.val_mae, metric_attribute="val_mae")  # Lightning's optional hint: accepted
             self.val_metrics.update(self.net(x), y)
             self.log_dict(self.val_metrics)
 

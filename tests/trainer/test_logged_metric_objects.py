@@ -143,6 +143,39 @@ def test_a_metric_whose_value_is_not_one_number_is_refused_naming_it(tmp_path):
         _fit(tmp_path, Wide(), max_epochs=1)
 
 
+class Hinted(Measured):
+    """Measured, and a second MAE in a ModuleDict logged with Lightning's `metric_attribute` hint (`attribute`)."""
+
+    def __init__(self, attribute):
+        super().__init__()
+        self.held = nn.ModuleDict({"mae": torchmetrics.MeanAbsoluteError()})
+        self.attribute = attribute
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.held["mae"](self.net(x), y)  # the same values as self.mae's, before the step
+        loss = super().training_step(batch, batch_idx)
+        self.log("hinted", self.held["mae"], on_epoch=True, metric_attribute=self.attribute)
+        self.log("plain", loss.detach(), metric_attribute="ignored for a tensor, as in Lightning")
+        return loss
+
+
+def test_metric_attribute_naming_the_logged_metric_is_accepted_and_changes_nothing(tmp_path):
+    plain = _fit(tmp_path / "plain", Measured(), max_epochs=1).state.raw_metrics
+    hinted = _fit(tmp_path / "hinted", Hinted("held.mae"), max_epochs=1).state.raw_metrics
+    assert hinted["hinted_epoch"] == hinted["mae_epoch"] == plain["mae_epoch"]
+    assert "plain" in hinted
+
+
+@pytest.mark.parametrize("attribute", ["mae_typo", "spearman", 3])
+def test_a_metric_attribute_that_does_not_hold_the_metric_is_refused_naming_the_paths(tmp_path, attribute):
+    with pytest.raises(ValueError, match=rf"Hinted\.log\('hinted', MeanAbsoluteError, metric_attribute="
+                                         rf"{attribute!r}\): the logged Metric is not there\. Pass the submodule path "
+                                         r"that holds it \(the module's Metrics: 'mae', 'spearman', 'val_mae', 'mse', "
+                                         r"'held\.mae'\), or leave metric_attribute out"):
+        _fit(tmp_path, Hinted(attribute), max_epochs=1)
+
+
 @pytest.mark.subprocess
 def test_two_processes_resume_their_own_states_and_one_process_resumes_them_merged(tmp_path):
     from support.jobs import forked, forked_process, run
