@@ -35,7 +35,7 @@ LOG_LEVEL_ENV = "ACCELERATE_LOG_LEVEL"
 _LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
-def _process_index() -> int:
+def process_index() -> int:
     """This process's global rank, without joining a process group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
@@ -54,7 +54,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         """Prefixes the rank, and points the record at the caller's line instead of this adapter's."""
         msg, kwargs = super().process(msg, kwargs)
         kwargs.setdefault("stacklevel", 2)
-        return f"[RANK {_process_index()}] {msg}", kwargs
+        return f"[RANK {process_index()}] {msg}", kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         """Logs `msg` on the main process, on every process, or on every process in rank order.
@@ -73,7 +73,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         msg, kwargs = self.process(msg, kwargs)
         if in_order:
             self._log_in_order(level, msg, args, kwargs)
-        elif not main_process_only or _process_index() == 0:
+        elif not main_process_only or process_index() == 0:
             self.logger.log(level, msg, *args, **kwargs)
 
     def _log_in_order(self, level: int, msg: Any, args: tuple[Any, ...], kwargs: MutableMapping[str, Any]) -> None:

@@ -9,6 +9,7 @@ A Lightning program ports by changing its imports (`lightning.pytorch` -> `fittr
                                   seed_everything      fittrain.seed_everything
     fittrain.lightning.callbacks  ModelCheckpoint EarlyStopping LearningRateMonitor ModelSummary TQDMProgressBar
     fittrain.lightning.loggers    TensorBoardLogger CSVLogger WandbLogger MLFlowLogger Logger
+    fittrain.lightning.utilities  rank_zero_only rank_zero_info rank_zero_warn grad_norm, .types
     fittrain.lightning.core, .trainer   the same names where Lightning has them
 
 Under these names Lightning's semantics hold where a program can observe them: metric names and
@@ -22,14 +23,14 @@ name: same, different or not applicable, and why.
 Modules: module, core; trainer with properties (its attributes), arguments (checks), build (loggers
 and callbacks), stages (setup/teardown), loop (epoch-end validations), connector (logging rows),
 metrics (the views), sharding (Lightning's per-process data), verbose (result tables); callbacks/,
-loggers/. May import every fittrain layer (it is the top one); never `lightning`.
+loggers/, utilities/. May import every fittrain layer (it is the top one); never `lightning`.
 """
 
 from fittrain.accelerator.seeding import seed_everything
-from fittrain.lightning import callbacks, loggers
+from fittrain.lightning import callbacks, loggers, utilities
 from fittrain.lightning.callbacks import Callback
 from fittrain.lightning.module import LightningDataModule, LightningModule
 from fittrain.lightning.trainer import Trainer
 
 __all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "callbacks", "loggers",
-           "seed_everything"]
+           "seed_everything", "utilities"]

@@ -160,6 +160,25 @@ class LightningModule(TrainModule):
         trainer = self.__dict__.get("_trainer")
         return trainer.accelerator.local_process_index if trainer is not None else 0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's floating-point parameters (Lightning's `self.dtype`): the first one's,
+        torch's default dtype when it has none."""
+        first = next((p for p in self.parameters() if p.is_floating_point()), None)
+        return first.dtype if first is not None else torch.get_default_dtype()
+
+    def freeze(self) -> None:
+        """Lightning's: no parameter requires a gradient, and the module is in eval mode."""
+        for parameter in self.parameters():
+            parameter.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Lightning's: every parameter requires a gradient, and the module is in train mode."""
+        for parameter in self.parameters():
+            parameter.requires_grad = True
+        self.train()
+
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
                              strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:

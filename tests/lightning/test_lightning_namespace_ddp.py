@@ -1,8 +1,9 @@
 """`Trainer(strategy="ddp", devices=2, accelerator="cpu")` on 2 gloo processes: Lightning starting its
 second process itself, fittrain.lightning under `fittrain launch --num_processes 2`, the same program
 (tests/lightning/programs/ddp_program.py) with only its imports changed. Each process's record (metrics
-logged with and without sync_dist, EarlyStopping's decision, test and predict results, log and checkpoint
-folders, the CSV rank 0 wrote, the weights) must be Lightning's, rank by rank."""
+logged with and without sync_dist, gradient norms, a rank_zero_only function's result, EarlyStopping's
+decision, test and predict results, log and checkpoint folders, the CSV rank 0 wrote, the weights) must
+be Lightning's, rank by rank."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def test_ddp_on_two_processes_matches_lightning(tmp_path: pathlib.Path) -> None:
     assert ranks[0]["fit"]["val_loss"] != ranks[1]["fit"]["val_loss"]  # each process's own mean...
     assert ranks[0]["fit"]["val_loss_sync"] == ranks[1]["fit"]["val_loss_sync"]  # ...and, with sync_dist, one
     assert "csv_header" in ranks[0] and "csv_header" not in ranks[1]
+    assert [r["rank_zero_only"] for r in ranks] == ["ran", None]
+    assert ranks[0]["fit"]["grad_2.0_norm_total"] > 0
 
 
 def test_a_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path: pathlib.Path) -> None:

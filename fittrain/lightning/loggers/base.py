@@ -7,13 +7,14 @@ import json
 import os
 from typing import Any
 
+from fittrain.accelerator.process_logging import process_index
 from fittrain.common.reprs import short_repr
 
 
 def is_main_process() -> bool:
-    """Whether this process writes logs: rank 0 of a job torchrun or `fittrain launch` started, or a
-    lone process (Lightning's loggers write on rank 0 only)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    """Whether this process writes logs: rank 0 of a job torchrun, `fittrain launch` or srun started,
+    or a lone process (Lightning's loggers write on rank 0 only)."""
+    return process_index() == 0
 
 
 class Logger:

@@ -2,7 +2,8 @@
 (`python ddp_program.py lightning OUT`: its Trainer(devices=2) starts the second process) and with
 fittrain.lightning (`fittrain launch --num_processes 2 ddp_program.py fittrain OUT`). Each process writes
 what a program can observe to OUT/rank{global_rank}.json: metrics logged with and without sync_dist,
-EarlyStopping's decision, test and predict results, the folders, and the files rank 0 wrote."""
+gradient norms (Lightning's grad_norm), what a rank_zero_only function returned, EarlyStopping's
+decision, test and predict results, the folders, and the files rank 0 wrote."""
 
 import json
 import os
@@ -15,10 +16,14 @@ if sys.argv[1] == "lightning":
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.utilities import grad_norm, rank_zero_info, rank_zero_only
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 else:
     import fittrain.lightning as pl
     from fittrain.lightning.callbacks import EarlyStopping, ModelCheckpoint
     from fittrain.lightning.loggers import CSVLogger
+    from fittrain.lightning.utilities import grad_norm, rank_zero_info, rank_zero_only
+    from fittrain.lightning.utilities.types import STEP_OUTPUT
 
 OUT = os.path.abspath(sys.argv[2])
 
@@ -32,12 +37,15 @@ class Regression(pl.LightningModule):
     def forward(self, x):
         return self.net(x)
 
-    def training_step(self, batch, batch_idx):
+    def training_step(self, batch, batch_idx) -> STEP_OUTPUT:
         x, y = batch
         loss = torch.nn.functional.mse_loss(self(x), y)
         self.log("train_loss", loss, on_epoch=True, sync_dist=True)
         self.log("rank_loss", loss)  # this process's own
         return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        self.log_dict(grad_norm(self, norm_type=2))  # the gradients DDP averaged: alike on both processes
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -54,6 +62,12 @@ class Regression(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+@rank_zero_only
+def on_rank_zero() -> str:
+    rank_zero_info("only rank 0 says this")
+    return "ran"
 
 
 def main() -> None:
@@ -79,6 +93,7 @@ def main() -> None:
         "best": os.path.relpath(trainer.checkpoint_callback.best_model_path, OUT),
         "predictions": [len(predictions), sum(float(p.sum()) for p in predictions), sum(len(p) for p in predictions)],
         "weights": float(sum(p.detach().double().sum() for p in model.parameters())),
+        "rank_zero_only": on_rank_zero(),
     }
     if trainer.is_global_zero:
         with open(os.path.join(OUT, record["log_dir"], "metrics.csv")) as file:
