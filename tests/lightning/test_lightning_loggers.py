@@ -210,8 +210,18 @@ def test_wandb_logger_runs_offline(tmp_path: pathlib.Path) -> None:
     assert set(record["summary"]) >= {"loss", "epoch", "trainer/global_step"}
 
 
-def test_a_logger_writes_on_the_main_process_only(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "1")  # what torchrun gives the second process
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_a_logger_writes_on_the_main_process_only(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                                  launcher: str) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    if launcher == "torchrun":
+        monkeypatch.setenv("RANK", "1")  # what torchrun gives the second process
+    else:  # what srun gives the second task of a 2-task step, without torchrun
+        monkeypatch.setenv("SLURM_PROCID", "1")
+        monkeypatch.setenv("SLURM_NTASKS", "2")
+        monkeypatch.setenv("SLURM_NODELIST", "node1")
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
     logger = CSVLogger(str(tmp_path))
     logger.log_metrics({"x": 1.0}, step=0)
     logger.log_hyperparams({"lr": 0.1})
@@ -220,4 +230,5 @@ def test_a_logger_writes_on_the_main_process_only(tmp_path: pathlib.Path, monkey
     board.log_metrics({"x": 1.0}, step=0)
     board.experiment.add_scalar("y", 2.0, 0)  # absorbed
     assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "tb").exists()
-    assert pl.Trainer(logger=logger, default_root_dir=str(tmp_path)).logger is logger
+    if launcher == "torchrun":  # (under srun's variables a Trainer would join the 2-task job's process group)
+        assert pl.Trainer(logger=logger, default_root_dir=str(tmp_path)).logger is logger
