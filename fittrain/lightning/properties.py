@@ -1,5 +1,6 @@
-"""The Lightning Trainer's read-only attributes a program reads: metrics, loop counters, processes,
-loggers and callbacks, each mapped onto the native Trainer's state (a mixin of `Trainer`)."""
+"""The Lightning Trainer's read-only attributes a program reads: metrics, loop counters, loaders and
+limits, processes, loggers and callbacks, each mapped onto the native Trainer's state (a mixin of
+`Trainer`); those it lacks (`strategy`, `fit_loop`, ...) are an AttributeError naming the fittrain way."""
 
 from __future__ import annotations
 
@@ -130,6 +131,34 @@ class LightningAttributes:
             return None
         return math.ceil(length / self.accelerator.num_processes)
 
+    # ----------------------------------------------------------------- data
+    @property
+    def train_dataloader(self) -> Any:
+        """The fit's training loader, as prepared (its length, dataset and batch_size are the loader's);
+        None before a fit."""
+        return getattr(self, "train_loader", None)
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The fit's validation loader, as prepared; None without one."""
+        return getattr(self, "val_loader", None)
+
+    @property
+    def limit_train_batches(self) -> int | float:
+        return _limit(self.limits.train)
+
+    @property
+    def limit_val_batches(self) -> int | float:
+        return _limit(self.limits.val)
+
+    @property
+    def limit_test_batches(self) -> int | float:
+        return _limit(self.limits.test)
+
+    @property
+    def limit_predict_batches(self) -> int | float:
+        return _limit(self.limits.predict)
+
     # ----------------------------------------------------------------- processes
     @property
     def world_size(self) -> int:
@@ -208,3 +237,36 @@ class LightningAttributes:
         LRSchedulerConfig), as the LightningModule recorded them."""
         module = self._lightning_module
         return list(getattr(module, "lr_scheduler_configs", [])) if module is not None else []
+
+    # ----------------------------------------------------------------- what fittrain.lightning lacks
+    def __getattr__(self, name: str) -> Any:
+        """Only for an attribute not found: a Lightning Trainer attribute fittrain.lightning lacks is an
+        AttributeError naming the fittrain way, not Python's bare one."""
+        way = _ABSENT.get(name)
+        if way is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"fittrain.lightning's Trainer has no {name!r} (Lightning's Trainer.{name}): {way}. "
+                             "docs/migration.md lists every Lightning name.")
+
+
+_LOOPS = ("fittrain's loop is not a tree of loop objects: its counters are trainer.state (epoch, global_step, "
+          "batch_idx), as current_epoch and global_step show them")
+_EVAL_LOADER = "a test or predict loader is the one passed to trainer.test(...) or trainer.predict(...)"
+#: Lightning Trainer attributes fittrain.lightning does not have, with the fittrain way to get what they give.
+_ABSENT = {
+    "strategy": "fittrain has no strategy object; trainer.accelerator does its work (wait_for_everyone() for "
+                "barrier(), reduce(), gather(), device for root_device)",
+    "fit_loop": _LOOPS, "validate_loop": _LOOPS, "test_loop": _LOOPS, "predict_loop": _LOOPS,
+    "test_dataloaders": _EVAL_LOADER, "predict_dataloaders": _EVAL_LOADER,
+    "ckpt_path": "while fit(ckpt_path=...) runs, the checkpoint folder it resumed from is trainer.resume_from",
+    "is_last_batch": "compare trainer.state.batch_idx + 1 with trainer.num_training_batches",
+    "received_sigterm": "fittrain itself saves a checkpoint and exits with 75 on SIGTERM or SIGUSR1 "
+                        "(docs/resume.md)",
+    "interrupted": "a fit that raised re-raises; nothing is left to inspect",
+    "tuner": "Lightning's Tuner is not in fittrain: choose the batch size and learning rate yourself",
+}
+
+
+def _limit(limit: Any) -> int | float:
+    """A loop's limit as Lightning shows it: 1.0 (every batch) when there is none."""
+    return 1.0 if limit is None else limit

@@ -342,3 +342,51 @@ def test_save_checkpoint_writes_a_folder_fit_resumes_and_load_from_checkpoint_re
     assert torch.equal(loaded.net.weight, module.net.weight)
     with pytest.raises(ValueError, match="weights_only=True"):
         trainer.save_checkpoint(tmp_path / "w.ckpt", weights_only=True)
+
+
+def _loaders_and_limits(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    class Module(api.pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            trainer = self.trainer
+            seen["train"] = [len(trainer.train_dataloader), trainer.train_dataloader.batch_size,
+                             len(trainer.train_dataloader.dataset)]
+            seen["val"] = [len(trainer.val_dataloaders), trainer.val_dataloaders.batch_size]
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    limits = {"limit_train_batches": 3, "limit_val_batches": 0.5}
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=1, logger=False, enable_checkpointing=False, **limits))
+    trainer.fit(Module(), *loaders())
+    seen["limits"] = [trainer.limit_train_batches, trainer.limit_val_batches, trainer.limit_test_batches,
+                      trainer.limit_predict_batches]
+    return seen
+
+
+def test_the_loaders_and_limits_a_program_reads_are_lightnings(tmp_path: pathlib.Path) -> None:
+    records = both(_loaders_and_limits, tmp_path)
+    assert_same(records)
+    assert records["fittrain"]["limits"] == [3, 0.5, 1.0, 1.0] and records["fittrain"]["train"] == [5, 8, 40]
+
+
+def test_a_lightning_trainer_attribute_fittrain_lacks_names_the_fittrain_way(tmp_path: pathlib.Path) -> None:
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, logger=False))
+    with pytest.raises(AttributeError, match=r"fittrain\.lightning's Trainer has no 'strategy' \(Lightning's "
+                                             r"Trainer\.strategy\): fittrain has no strategy object; "
+                                             r"trainer\.accelerator does its work \(wait_for_everyone\(\)"):
+        trainer.strategy.barrier()
+    with pytest.raises(AttributeError, match=r"no 'fit_loop' .* trainer\.state \(epoch, global_step, batch_idx\)"):
+        _ = trainer.fit_loop
+    with pytest.raises(AttributeError, match=r"^'Trainer' object has no attribute 'no_such_thing'$"):
+        _ = trainer.no_such_thing
+    assert not hasattr(trainer, "tuner") and getattr(trainer, "ckpt_path", "absent") == "absent"
