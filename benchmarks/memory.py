@@ -12,6 +12,7 @@ Target: peak RSS of `Trainer.fit` ≤ 1.05 × the hand loop's + 50 MB.
 Usage:
     python -m benchmarks.memory                 # a minute or two
     python -m benchmarks.memory --quick
+    python -m benchmarks.memory --smoke         # a tiny MLP: checks that it runs, measures nothing
     python benchmarks/memory.py --repeats 5
 """
 
@@ -33,6 +34,7 @@ if not __package__:  # run as a script: make the checkout importable even when i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = (1024, 2048, 2048, 1024)  # ~8.4M parameters: ~32 MB of weights
+SMOKE_SIZES = (16, 32, 32, 16)  # --smoke: the same loops, a model too small for its memory to show
 NUM_SAMPLES, BATCH_SIZE = 512, 32
 LOGGER_EVERY, CHECKPOINT_EVERY = 5, 10
 TARGET_RATIO, TARGET_SLACK_MB = 1.05, 50.0
@@ -67,8 +69,9 @@ def peak_rss_mb() -> float:
 
 
 # --------------------------------------------------------------------------- the child's work
-def _workload() -> tuple[Any, Any, Any]:
-    """The model class, a DataLoader and the number of steps: the same in every child."""
+def _workload(sizes: Sequence[int]) -> tuple[Any, Any, Any]:
+    """The model class (an MLP of layer widths `sizes`), a DataLoader and the number of steps: the same in
+    every child."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -80,7 +83,7 @@ def _workload() -> tuple[Any, Any, Any]:
         def __init__(self) -> None:
             super().__init__()
             layers: list[nn.Module] = []
-            for a, b in zip(SIZES, SIZES[1:]):
+            for a, b in zip(sizes, sizes[1:]):
                 layers += [nn.Linear(a, b), nn.ReLU()]
             self.net = nn.Sequential(*layers[:-1])
 
@@ -95,8 +98,8 @@ def _workload() -> tuple[Any, Any, Any]:
             return torch.optim.Adam(self.parameters(), lr=1e-4)
 
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(NUM_SAMPLES, SIZES[0], generator=generator)
-    y = torch.randn(NUM_SAMPLES, SIZES[-1], generator=generator)
+    x = torch.randn(NUM_SAMPLES, sizes[0], generator=generator)
+    y = torch.randn(NUM_SAMPLES, sizes[-1], generator=generator)
     torch.manual_seed(0)
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=True, drop_last=True)
     # Past an epoch boundary and two checkpoints; the peak is reached at the first step (Adam state).
@@ -161,14 +164,14 @@ LOOPS: dict[str, tuple[str, Callable[..., None]]] = {
 }
 
 
-def child(kind: str) -> dict[str, float]:
-    """Runs one loop in this (fresh) process and returns its memory figures in MB."""
+def child(kind: str, sizes: Sequence[int]) -> dict[str, float]:
+    """Runs one loop of an MLP of widths `sizes` in this (fresh) process and returns its memory figures in MB."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # measure host memory: keep the Trainer on the CPU
     warnings.filterwarnings("ignore")
     import torch
 
     torch.set_num_threads(1)
-    model_cls, loader, steps = _workload()
+    model_cls, loader, steps = _workload(sizes)
     before = current_rss_mb()
     project = tempfile.mkdtemp(prefix="fittrain-mem-")
     try:
@@ -179,9 +182,9 @@ def child(kind: str) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- the parent
-def run_child(kind: str) -> dict[str, float]:
+def run_child(kind: str, smoke: bool) -> dict[str, float]:
     """Starts a fresh interpreter for one loop and reads its JSON report."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", kind]
+    command = [sys.executable, os.path.abspath(__file__), "--child", kind, *(["--smoke"] if smoke else [])]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"The {kind!r} child failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -202,12 +205,12 @@ def available(kinds: Sequence[str]) -> tuple[list[str], list[str]]:
     return chosen, notes
 
 
-def measure(kinds: Sequence[str], repeats: int) -> dict[str, list[dict[str, float]]]:
+def measure(kinds: Sequence[str], repeats: int, smoke: bool = False) -> dict[str, list[dict[str, float]]]:
     """Alternates hand, A, B, ... for `repeats` rounds, each in a fresh process."""
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for round_index in range(repeats):
         for kind in kinds:
-            results[kind].append(run_child(kind))
+            results[kind].append(run_child(kind, smoke))
         print(f"round {round_index + 1}/{repeats} done", file=sys.stderr, flush=True)
     return results
 
@@ -231,9 +234,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--quick", action="store_true", help="one round")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"one round of an MLP {'→'.join(map(str, SMOKE_SIZES))}: checks that every loop runs")
     parser.add_argument("--child", choices=sorted(LOOPS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
+    if args.quick or args.smoke:
         args.repeats = 1
     if args.repeats < 1:
         parser.error(f"--repeats must be positive. Received: repeats={args.repeats}.")
@@ -244,12 +249,13 @@ def main(argv: Sequence[str] | None = None) -> str:
     """Runs the benchmark (or, with --child, one loop) and prints its report."""
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, SMOKE_SIZES if args.smoke else SIZES)))
         return ""
     kinds, notes = available(list(LOOPS))
-    results = measure(kinds, args.repeats)
-    params = sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
-    lines = [f"Peak RSS, MLP {'→'.join(map(str, SIZES))} ({params / 1e6:.1f}M parameters, {params * 4 / 2**20:.0f} MB "
+    results = measure(kinds, args.repeats, args.smoke)
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+    lines = [f"Peak RSS, MLP {'→'.join(map(str, sizes))} ({params / 1e6:.1f}M parameters, {params * 4 / 2**20:.0f} MB "
              f"of weights), Adam, CPU, {results['hand'][0]['steps']:.0f} steps, median of {args.repeats} fresh "
              f"processes per loop.", "", format_table(results), "",
              f"Target: ≤{TARGET_RATIO}× the hand loop's peak + {TARGET_SLACK_MB:.0f} MB. 'before training' is the RSS "

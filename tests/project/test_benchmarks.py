@@ -9,8 +9,8 @@ These tests check that the benchmarks still work end to end, not what they measu
 sizes the numbers are noise.
 
 Most of each run's time is starting Python and importing torch (and, for the first optimizer,
-torch._dynamo), once per process. The memory benchmark starts one fresh process per loop and has
-no flag to run fewer, so it is marked `slow` (about 40 s on a 2-core machine).
+torch._dynamo), once per process. The memory benchmark starts one fresh process per loop (with
+`--smoke` each trains a tiny MLP), so it is marked `slow`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ CASES = [
     pytest.param(Case("overhead", ("--steps", "20", "--repeats", "1"), True, LOADER_ROWS), id="overhead"),
     pytest.param(Case("overhead", ("--workers-row", "--steps", "20", "--repeats", "1"), True,
                       ("fittrain Trainer.fit, no callbacks",)), id="overhead-workers-row"),
-    pytest.param(Case("memory", ("--quick",), True), id="memory", marks=pytest.mark.slow),
+    pytest.param(Case("memory", ("--smoke",), True), id="memory", marks=pytest.mark.slow),
     pytest.param(Case("checkpoint", ("--mb", "8", "--repeats", "1"), False), id="checkpoint"),
     pytest.param(Case("checkpoint", ("--fsdp-table", "--sizes", "1", "--processes", "2", "--rounds", "1"), True,
                       ("1 | 2",)), id="checkpoint-fsdp-table"),
