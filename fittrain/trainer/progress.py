@@ -1,4 +1,5 @@
-"""ProgressBar: a tqdm bar per epoch and a transient one per validation, on the main process only.
+"""ProgressBar: a tqdm bar for the epochs (one reset at each, or a line per epoch) and a transient one
+per validation, on the main process only.
 
 It is the Trainer's default display (`Trainer(enable_progress_bar=True)` adds one when no callback
 draws progress itself), so it lives in the Trainer layer; users import it as
@@ -36,9 +37,12 @@ class ProgressBar(Callback):
     one during each validation. Only the main process draws; a bar redraws at most ten times a
     second, and per batch it only advances, so it costs no device sync.
 
-    With `leave=True` (the default) each epoch's bar stays on the terminal with its last values, a
-    line per epoch as Keras prints them; with `leave=False` one bar is reset at each epoch, as
-    Lightning's `TQDMProgressBar` does by default (cheaper too: no bar is closed and drawn anew).
+    With `leave=False` (the default) one bar serves the fit: each epoch resets it, as Lightning's
+    `TQDMProgressBar` does by default, and the last epoch's line stays. That keeps a fit of many
+    short epochs to one line and costs one redraw per epoch; closing a bar and opening the next
+    costs two and tqdm's bookkeeping (measured 0.3-0.9 ms an epoch, about 5 µs a step over a
+    128-batch epoch). With `leave=True` each epoch's bar stays with its last values, a line per
+    epoch as Keras prints them.
 
     A `Logger` owns one (its `progress_bar=` argument) and shows the loss, the learning rate and
     the validation metrics on it at its logging points. Alone, it shows progress only; a Trainer
@@ -46,7 +50,7 @@ class ProgressBar(Callback):
 
     Args:
         enabled: False draws and prints nothing (every bar is a disabled tqdm).
-        leave: Whether each epoch's finished bar stays (True), or one bar serves every epoch (False).
+        leave: Whether each epoch's finished bar stays (True), or one bar serves every epoch (False, the default).
 
     Raises:
         TypeError: when `enabled` or `leave` is not a bool.
@@ -55,7 +59,7 @@ class ProgressBar(Callback):
         >>> Trainer(callbacks=[ProgressBar()]).fit(module, loader)
     """
 
-    def __init__(self, enabled: bool = True, leave: bool = True) -> None:
+    def __init__(self, enabled: bool = True, leave: bool = False) -> None:
         self.enabled = check_bool("enabled", enabled, owner="ProgressBar")
         self.leave = check_bool("leave", leave, owner="ProgressBar")
         self._reset_next = False  # leave=False: the next epoch resets the open bar instead of drawing a new one

@@ -13,7 +13,7 @@ def test_a_fit_without_callbacks_shows_progress_and_says_where_things_went(tmp_p
     trainer = Trainer(max_epochs=2, project_dir=tmp_path, run_name="demo", callbacks=[Checkpointer(every_n_epochs=1)])
     trainer.fit(Regressor(), regression_loader(n=8), regression_loader(n=8))
     shown = capsys.readouterr()
-    assert "Epoch 0" in shown.err and "Epoch 1" in shown.err  # the bars
+    assert "Epoch 0" in shown.err and "Epoch 1" in shown.err  # the bar, drawn for each epoch
     assert (f"Training run 'demo': checkpoints in {tmp_path / 'checkpoints' / 'demo'}; no logs (add "
             "fittrain.callbacks.Logger to write them).") in shown.out
     assert "Fit done: 2 epoch(s), 4 optimizer step(s); train_loss=" in shown.out and "val_loss=" in shown.out
@@ -58,15 +58,15 @@ def _epoch_lines(err: str) -> list[str]:
     return [line.rsplit("\r", 1)[-1] for line in err.split("\n") if "Epoch " in line]
 
 
-@pytest.mark.parametrize("leave", [True, False])
-def test_leave_keeps_a_line_per_epoch_or_resets_one_bar(tmp_path, capsys, leave):
-    Trainer(max_epochs=3, project_dir=tmp_path, callbacks=[ProgressBar(leave=leave)]).fit(
+@pytest.mark.parametrize("options", [{"leave": True}, {"leave": False}, {}], ids=["leave", "reset", "default"])
+def test_leave_keeps_a_line_per_epoch_or_resets_one_bar(tmp_path, capsys, options):
+    Trainer(max_epochs=3, project_dir=tmp_path, callbacks=[ProgressBar(**options)]).fit(
         Regressor(), regression_loader(n=8))
     lines = _epoch_lines(capsys.readouterr().err)
-    if leave:  # Keras's way: each epoch's finished bar stays
+    if options.get("leave", False):  # Keras's way: each epoch's finished bar stays
         assert [line.split(":")[0] for line in lines] == ["Epoch 0", "Epoch 1", "Epoch 2"]
         assert all("2/2" in line for line in lines)
-    else:  # Lightning's TQDMProgressBar default: one bar, reset at each epoch, left at the last one
+    else:  # the default, Lightning's TQDMProgressBar's: one bar, reset at each epoch, left at the last one
         assert len(lines) == 1 and lines[0].startswith("Epoch 2") and "2/2" in lines[0]
 
 
