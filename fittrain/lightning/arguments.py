@@ -236,6 +236,21 @@ def check_clipping(module: Any, clip: float | None) -> None:
                          "self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm=...).")
 
 
+def check_strict_loading(module: Any, stage: str, ckpt_path: Any) -> None:
+    """Refuses `strict_loading=False` where a stage restores a checkpoint: fittrain restores a training
+    state whole or not at all, and a Lightning program relying on a partial restore would otherwise
+    fail later, or train from a state it did not expect.
+
+    Raises:
+        ValueError: naming `load_from_checkpoint(strict=False)` as the way.
+    """
+    if ckpt_path is not None and getattr(module, "strict_loading", True) is False:
+        raise ValueError(f"Trainer.{stage}(ckpt_path={short_repr(ckpt_path)}) with {type(module).__name__}."
+                         "strict_loading=False: fittrain restores a checkpoint whole, every key matching. Load the "
+                         "weights with Module.load_from_checkpoint(path, strict=False) and pass that module "
+                         "without ckpt_path.")
+
+
 def validation_interval(val_check_interval: Any, check_val_every_n_epoch: Any,
                         accumulate_grad_batches: int = 1) -> tuple[int | None, int | float | None]:
     """(val_every_n_epochs, val_every_n_steps) of the native Trainer for Lightning's pair.

@@ -11,7 +11,9 @@ What the subclass adds, and why it is not in `TrainModule` itself:
   do (fittrain/lightning/metrics.py) and the loggers get Lightning's rows.
 - `setup(stage)`, `teardown(stage)`, `prepare_data()` and the `*_dataloader()` methods, which the
   Lightning Trainer calls where Lightning does (fittrain/lightning/stages.py).
-- `logger`, `loggers`, `global_rank`, `local_rank`, `example_input_array`, `all_gather`.
+- `logger`, `loggers`, `global_rank`, `local_rank`, `example_input_array`, `all_gather`, `dtype`,
+  `on_gpu`, `freeze`/`unfreeze`, `to_torchscript`/`to_onnx`, `strict_loading` (read by
+  `load_from_checkpoint`).
 
 Lightning hooks with no fittrain counterpart (`optimizer_step`, `backward`, `on_before_zero_grad`,
 `transfer_batch_to_device`, ...) are refused when a fit starts, naming the fittrain way
@@ -21,6 +23,8 @@ Lightning hooks with no fittrain counterpart (`optimizer_step`, `backward`, `on_
 from __future__ import annotations
 
 import functools
+import inspect
+import os
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -28,8 +32,9 @@ import torch
 from fittrain.data import batch_size_of
 from fittrain.trainer.configure import SchedulerConfig
 from fittrain.trainer.datamodule import DataModule
+from fittrain.trainer.hparams import HPARAMS, HPARAMS_INITIAL, save_hyperparameters
 from fittrain.trainer.metric_objects import as_metric
-from fittrain.trainer.module import HParams, TrainModule
+from fittrain.trainer.module import TrainModule
 
 if TYPE_CHECKING:
     from fittrain.lightning.loggers.base import Logger
@@ -69,11 +74,14 @@ class LightningModule(TrainModule):
     Lightning's options, `save_hyperparameters`, module hooks, manual optimization); the
     differences to the native class are listed in this module's docstring.
 
-    Attributes:
-        example_input_array: An input for `ModelSummary`'s in/out sizes (Lightning's attribute).
     """
 
-    example_input_array: Any = None
+    #: Lightning's: whether `load_from_checkpoint(strict=None)` requires every key to match.
+    strict_loading: bool = True
+    # What torch.jit.script must not compile (Lightning's list): the Trainer-facing properties.
+    __jit_unused_properties__ = ["example_input_array", "on_gpu", "current_epoch", "global_step", "global_rank",
+                                 "local_rank", "logger", "loggers", "automatic_optimization", "trainer",
+                                 "strict_loading", "device", "dtype", "hparams", "hparams_initial"]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,6 +175,68 @@ class LightningModule(TrainModule):
         first = next((p for p in self.parameters() if p.is_floating_point()), None)
         return first.dtype if first is not None else torch.get_default_dtype()
 
+    @property
+    def example_input_array(self) -> Any:
+        """An input for `ModelSummary`'s in/out sizes and for `to_torchscript`/`to_onnx` (None until set)."""
+        return self.__dict__.get("_example_input_array")
+
+    @example_input_array.setter
+    def example_input_array(self, value: Any) -> None:  # a property, as Lightning's: TorchScript skips it
+        self.__dict__["_example_input_array"] = value
+
+    @property
+    def on_gpu(self) -> bool:
+        """Lightning's: whether the module runs on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @torch.no_grad()
+    def to_torchscript(self, file_path: Any = None, method: str = "script", example_inputs: Any = None,
+                       **kwargs: Any) -> Any:
+        """Lightning's: the module compiled by `torch.jit.script` (or traced, `method="trace"`, on
+        `example_inputs` or `example_input_array`) in eval mode, saved to `file_path` when given; the
+        module's mode is restored after.
+
+        Raises:
+            ValueError: for another method, or tracing without example inputs.
+        """
+        if method not in ("script", "trace"):
+            raise ValueError(f"{type(self).__name__}.to_torchscript(method=...) takes 'script' or 'trace'. Received: "
+                             f"method={method!r}.")
+        inputs = self.example_input_array if example_inputs is None else example_inputs
+        if method == "trace" and inputs is None:
+            raise ValueError(f"{type(self).__name__}.to_torchscript(method='trace') needs inputs to trace: pass "
+                             "example_inputs=..., or set self.example_input_array.")
+        mode = self.training
+        self.__dict__["_jit_is_scripting"] = True  # `trainer` reads as None, as in Lightning, while torch looks
+        try:
+            compiled = torch.jit.script(self.eval(), **kwargs) if method == "script" \
+                else torch.jit.trace(self.eval(), example_inputs=inputs, **kwargs)
+        finally:
+            del self.__dict__["_jit_is_scripting"]
+            self.train(mode)
+        if file_path is not None:
+            torch.jit.save(compiled, os.fspath(file_path))
+        return compiled
+
+    @torch.no_grad()
+    def to_onnx(self, file_path: Any, input_sample: Any = None, **kwargs: Any) -> None:
+        """Lightning's: `torch.onnx.export` of the module in eval mode on `input_sample` (or
+        `example_input_array`); the module's mode is restored after. torch's exporter needs the
+        `onnx` package (and its default one `onnxscript`), which fittrain does not install.
+
+        Raises:
+            ValueError: without an input sample.
+        """
+        sample = self.example_input_array if input_sample is None else input_sample
+        if sample is None:
+            raise ValueError(f"{type(self).__name__}.to_onnx() needs an input to export with: pass input_sample=..., "
+                             "or set self.example_input_array.")
+        mode = self.training
+        try:
+            torch.onnx.export(self.eval(), sample if isinstance(sample, tuple) else (sample,), file_path, **kwargs)
+        finally:
+            self.train(mode)
+
     def freeze(self) -> None:
         """Lightning's: no parameter requires a gradient, and the module is in eval mode."""
         for parameter in self.parameters():
@@ -218,8 +288,7 @@ def _load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any, hp
         ValueError: for `hparams_file`, which fittrain.lightning does not read.
         CheckpointError, FileNotFoundError: for a folder that is no complete fittrain checkpoint.
     """
-    import inspect  # noqa: PLC0415 -- loading a checkpoint is rare; these imports stay off `import fittrain`
-
+    # Loading a checkpoint is rare: these imports stay off `import fittrain`.
     from fittrain.checkpoint.model_io import load_model_weights
     from fittrain.checkpoint.reader import CheckpointReader
 
@@ -238,7 +307,8 @@ def _load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any, hp
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     chosen = {k: v for k, v in saved.items() if takes_any or k in signature.parameters}
     module = cls(**{**chosen, **kwargs})
-    module.load_state_dict(load_model_weights(checkpoint_path), strict=True if strict is None else strict)
+    strict = module.strict_loading if strict is None else strict  # Lightning's default: the module's attribute
+    module.load_state_dict(load_model_weights(checkpoint_path), strict=strict)
     return module.to(map_location) if isinstance(map_location, (str, torch.device)) else module
 
 
@@ -350,17 +420,9 @@ class LightningDataModule(DataModule):
 
     trainer: Any = None
 
+    hparams = HPARAMS
+    hparams_initial = HPARAMS_INITIAL
+
     def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str = ()) -> None:
         """Records the calling `__init__`'s arguments in `self.hparams`, as the module's does."""
-        import inspect  # a datamodule's __init__ runs once
-
-        caller = inspect.currentframe().f_back
-        try:
-            args = inspect.getargvalues(caller)
-            given = {name: args.locals[name] for name in args.args[1:]}
-            given.update(args.locals[args.keywords] if args.keywords else {})
-        finally:
-            del caller
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore)
-        chosen = names or tuple(given)
-        self.hparams = HParams({name: given[name] for name in chosen if name not in ignored and name in given})
+        save_hyperparameters(self, inspect.currentframe().f_back, names, ignore)

@@ -143,6 +143,16 @@ class LightningAttributes:
         """The fit's validation loader, as prepared; None without one."""
         return getattr(self, "val_loader", None)
 
+    # Lightning counts an evaluation's batches per dataloader: a list, empty without a loader.
+    num_val_batches = property(lambda self: _per_loader(self.loops.num_val_batches),
+                               doc="Batches per validation, per dataloader (Lightning's list).")
+    num_sanity_val_batches = property(lambda self: _per_loader(self.loops.num_sanity_val_batches),
+                                      doc="Sanity-check batches, per dataloader (Lightning's list).")
+    num_test_batches = property(lambda self: _per_loader(self.loops.num_test_batches),
+                                doc="Batches of the last test, per dataloader (Lightning's list).")
+    num_predict_batches = property(lambda self: _per_loader(self.loops.num_predict_batches),
+                                   doc="Batches of the last predict, per dataloader (Lightning's list).")
+
     @property
     def limit_train_batches(self) -> int | float:
         return _limit(self.limits.train)
@@ -270,3 +280,8 @@ _ABSENT = {
 def _limit(limit: Any) -> int | float:
     """A loop's limit as Lightning shows it: 1.0 (every batch) when there is none."""
     return 1.0 if limit is None else limit
+
+
+def _per_loader(batches: int | float) -> list[int | float]:
+    """A loop's batch count as Lightning lists it, one entry per dataloader (fittrain runs one; none: [])."""
+    return [batches] if batches else []

@@ -168,8 +168,9 @@ class Trainer(LightningAttributes, NativeTrainer):
         args.check_loaders("val_dataloaders", val_dataloaders)
         self._start_stage("fit", model, datamodule)
         args.check_clipping(model, self.gradient_clip_val)
-        before = self.resume_from
-        self.resume_from = self._resume_path(ckpt_path)
+        resume_from = self._resume_path(ckpt_path)
+        args.check_strict_loading(model, "fit", resume_from)
+        before, self.resume_from = self.resume_from, resume_from
         try:
             with self._fit_context(model):
                 super().fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
@@ -276,6 +277,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         if ckpt_path is None and not given and self.checkpoint_callback is not None \
                 and self.checkpoint_callback.best_model_path:
             ckpt_path = "best"
+        args.check_strict_loading(model, stage, ckpt_path)
         self._start_stage(stage, model, datamodule)
         return model, ckpt_path, datamodule
 

@@ -4,6 +4,7 @@ Holds:
     trainer         `Trainer`: fit (the epoch and batch loop, on one screen), validate, test, predict
     train_state     `TrainState`: where training stands, saved in every checkpoint
     module          `TrainModule`, what users subclass
+    hparams         `save_hyperparameters` and `hparams` (the module's and the datamodules')
     module_hooks    the module's own hooks under Lightning's names (`LifecycleHooks`), checked and
                     bound once per fit; they run before the callbacks' at each event
     events          the `Event`s and their order (its docstring is the loop), the `Callback` base

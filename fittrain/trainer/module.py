@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fittrain.common.reprs import short_repr
+from fittrain.trainer.hparams import HPARAMS, HPARAMS_INITIAL, recordable, save_hyperparameters
 from fittrain.trainer.manual import clip_gradients
 from fittrain.trainer.metric_objects import as_metric, module_metrics
 from fittrain.trainer.module_hooks import LifecycleHooks
@@ -191,38 +192,24 @@ class TrainModule(LifecycleHooks, nn.Module):
         for name, value in dictionary.items():
             self.log(name, value, **options)
 
+    hparams = HPARAMS
+    hparams_initial = HPARAMS_INITIAL
+
     def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str = ()) -> None:
         """Records the arguments of the `__init__` that calls it in `self.hparams` (Lightning's name):
         all of them, or only `names`, minus `ignore`. Trackers record them when a run starts, and
-        every checkpoint keeps them (`recordable_hparams`); a resume with other values warns.
+        every checkpoint keeps them (`recordable_hparams`); a resume with other values warns. Before
+        it, `self.hparams` is an empty dict that is recorded nowhere (fittrain/trainer/hparams.py).
 
         Raises:
             RuntimeError: when not called from an `__init__`.
             ValueError: for a name in `names` or `ignore` that `__init__` has no argument of.
         """
-        caller = inspect.currentframe().f_back
-        try:
-            if caller is None or caller.f_code.co_name != "__init__":
-                raise RuntimeError(f"{type(self).__name__}.save_hyperparameters() records the arguments of the "
-                                   "__init__ that calls it: call it inside __init__, after super().__init__().")
-            args = inspect.getargvalues(caller)
-            given = {name: args.locals[name] for name in args.args[1:]}  # args[0] is self
-            given.update(args.locals[args.keywords] if args.keywords else {})
-        finally:
-            del caller  # a frame kept alive would keep every local of __init__ alive
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore)
-        unknown = sorted((set(names) | ignored) - set(given))
-        if unknown:
-            raise ValueError(f"{type(self).__name__}.save_hyperparameters(): __init__ has no argument named "
-                             f"{', '.join(unknown)}. Its arguments: {', '.join(given) or 'none'}.")
-        chosen = names or tuple(given)
-        self.hparams = HParams({name: given[name] for name in chosen if name not in ignored})
+        save_hyperparameters(self, inspect.currentframe().f_back, names, ignore)
 
     def recordable_hparams(self) -> dict[str, Any] | None:
-        """`hparams` as checkpoints and trackers keep them: numbers, strings, booleans, None, and lists
-        and dicts of them as they are; anything else (a module, a tensor) as its one-line repr."""
-        hparams = self.__dict__.get("hparams")
-        return {str(k): _recordable(v) for k, v in hparams.items()} if isinstance(hparams, dict) else None
+        """The saved `hparams` as checkpoints and trackers keep them (`fittrain.trainer.hparams.recordable`)."""
+        return recordable(self)
 
     # ----------------------------------------------------------------- manual optimization
     def optimizers(self) -> Any:
@@ -345,7 +332,7 @@ class TrainModule(LifecycleHooks, nn.Module):
     def trainer(self) -> "Trainer":
         """The Trainer fitting this module."""
         trainer = self.__dict__.get("_trainer")
-        if trainer is None:
+        if trainer is None and not self.__dict__.get("_jit_is_scripting"):  # torch.jit.script reads every attribute
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call Trainer.fit first.")
         return trainer
 
@@ -371,23 +358,3 @@ class TrainModule(LifecycleHooks, nn.Module):
 
 def _parameters_of(optimizer: Any) -> list[torch.Tensor]:
     return [param for group in optimizer.param_groups for param in group["params"]]
-
-
-class HParams(dict):
-    """A dict whose keys read as attributes too: `self.hparams.lr` (Lightning's AttributeDict)."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r}; it holds {', '.join(self) or 'nothing'}.") from None
-
-
-def _recordable(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)) and depth < 4:
-        return [_recordable(v, depth + 1) for v in value]
-    if isinstance(value, dict) and depth < 4:
-        return {str(k): _recordable(v, depth + 1) for k, v in value.items()}
-    return short_repr(value, 200)

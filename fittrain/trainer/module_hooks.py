@@ -234,7 +234,9 @@ def check_module_hooks(module: "TrainModule") -> None:
         TypeError: naming the hook, its signature and the arguments it is called with.
     """
     cls = type(module).__name__
-    for name in sorted(n for n in dir(type(module)) if n.startswith("on_") and n not in HOOK_NAMES):
+    # Properties are not hooks (LightningModule.on_gpu): only methods named on_* are checked.
+    for name in sorted(n for n in dir(type(module)) if n.startswith("on_") and n not in HOOK_NAMES
+                       and not isinstance(inspect.getattr_static(type(module), n), property)):
         near = nearest_hook(name, sorted(HOOK_NAMES))
         hint = f"Did you mean {near}? " if near else ""
         raise ValueError(f"{cls} defines {name}, which is not a TrainModule hook, so it would never run. {hint}"

@@ -137,7 +137,7 @@ class ProgressBar(Callback):
             return
         self._advance()  # the epoch's bar shows where validation starts
         sanity = trainer.sanity_checking
-        total = trainer.num_sanity_val_batches if sanity else trainer.num_val_batches
+        total = trainer.loops.num_sanity_val_batches if sanity else trainer.loops.num_val_batches
         self._val_bar = tqdm(total=_total(total), desc="Sanity Checking" if sanity else "Validation",
                              leave=False, mininterval=0.1, dynamic_ncols=True)
 

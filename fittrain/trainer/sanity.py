@@ -31,7 +31,7 @@ def run_sanity_check(trainer: "Trainer", validate: Callable[[], Any]) -> None:
         trainer: The fitting Trainer, prepared.
         validate: Runs the Trainer's validation over the sanity check's batches.
     """
-    if not trainer.num_sanity_val_batches:
+    if not trainer.loops.num_sanity_val_batches:
         return
     state = trainer.state
     metrics, random_state = dict(state.raw_metrics), capture_rng_state()

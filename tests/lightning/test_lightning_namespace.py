@@ -390,3 +390,87 @@ def test_a_lightning_trainer_attribute_fittrain_lacks_names_the_fittrain_way(tmp
     with pytest.raises(AttributeError, match=r"^'Trainer' object has no attribute 'no_such_thing'$"):
         _ = trainer.no_such_thing
     assert not hasattr(trainer, "tuner") and getattr(trainer, "ckpt_path", "absent") == "absent"
+
+
+def _module_surface(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    """What a program reads off a module before and after save_hyperparameters, and the batch counts per
+    loader; the module scripted and traced, as Lightning's `to_torchscript` does."""
+
+    class Plain(api.pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+            self.example_input_array = torch.zeros(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", torch.nn.functional.mse_loss(self(batch[0]), batch[1]))
+
+        def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self(batch[0])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Saved(Plain):
+        def __init__(self, width: int = 3, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.hparams.lr = 0.2  # after saving: hparams change, hparams_initial keeps the first values
+
+    plain = Plain()
+    seen: dict[str, Any] = {"unsaved": dict(plain.hparams), "unsaved_initial": dict(plain.hparams_initial)}
+    plain.hparams.note = "kept"  # a program may fill the empty dict
+    seen["filled"] = dict(plain.hparams)
+    saved = Saved(width=4)
+    seen["saved"], seen["saved_initial"] = dict(saved.hparams), dict(saved.hparams_initial)
+    seen["flags"] = [plain.on_gpu, plain.strict_loading, plain.training]
+    x = torch.randn(5, 3)
+    for method in ("script", "trace"):
+        compiled = plain.to_torchscript(method=method, file_path=root / f"{method}.pt")
+        seen[method] = [type(compiled).__name__, torch.equal(compiled(x), plain(x)),
+                        torch.equal(torch.jit.load(str(root / f"{method}.pt"))(x), plain(x)), plain.training]
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=1, logger=False, enable_checkpointing=False,
+                                              num_sanity_val_steps=2))
+    trainer.fit(plain, *loaders())
+    seen["fit"] = [trainer.num_training_batches, trainer.num_val_batches, trainer.num_sanity_val_batches]
+    trainer.predict(plain, loaders()[1])
+    seen["predict"] = trainer.num_predict_batches
+    return seen
+
+
+def test_hparams_before_saving_torchscript_and_batch_counts_per_loader_are_lightnings(tmp_path: pathlib.Path) -> None:
+    records = both(_module_surface, tmp_path)
+    assert_same(records)
+    mine = records["fittrain"]
+    assert mine["unsaved"] == {} and mine["filled"] == {"note": "kept"}
+    assert mine["saved"] == {"width": 4, "lr": 0.2} and mine["saved_initial"] == {"width": 4, "lr": 0.1}
+    assert mine["script"] == ["RecursiveScriptModule", True, True, True] and mine["fit"] == [5, [5], [2]]
+
+
+def test_unsaved_hparams_are_recorded_nowhere_and_strict_loading_is_honoured(tmp_path: pathlib.Path) -> None:
+    module = probe_module(pl)
+    module.hparams.scratch = 1  # as in Lightning: without save_hyperparameters, neither checkpoints nor trackers
+    assert module.recordable_hparams() is None
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False, enable_checkpointing=False))
+    trainer.fit(module, *loaders())
+    trainer.save_checkpoint(tmp_path / "final.ckpt")
+
+    class Extended(type(module)):  # a layer the checkpoint lacks
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(1, 1)
+
+    with pytest.raises(RuntimeError, match="Missing key"):
+        Extended.load_from_checkpoint(tmp_path / "final.ckpt")
+    Extended.strict_loading = False  # Lightning's switch: load_from_checkpoint(strict=None) follows it
+    assert torch.equal(Extended.load_from_checkpoint(tmp_path / "final.ckpt").net.weight, module.net.weight)
+    with pytest.raises(ValueError, match=r"Trainer\.fit\(ckpt_path=.*strict_loading=False: fittrain restores a "
+                                         r"checkpoint whole.*load_from_checkpoint\(path, strict=False\)"):
+        pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, logger=False)).fit(
+            Extended(), *loaders(), ckpt_path=tmp_path / "final.ckpt")
