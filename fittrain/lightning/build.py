@@ -89,6 +89,30 @@ def lightning_callbacks(callbacks: Any, enable_checkpointing: bool, enable_progr
     return others + checkpoints, native
 
 
+def with_model_callbacks(callbacks: list[Callback], returned: Any, module_name: str) -> list[Callback]:
+    """Lightning's merge of what a module's `configure_callbacks()` returned into the Trainer's callbacks:
+    a returned callback replaces those of its class or a base class of it; checkpoint callbacks go last.
+
+    Raises:
+        TypeError: for a returned item that is not a fittrain.lightning callback.
+        ValueError: when the result holds two ModelCheckpoints (fittrain.lightning takes one).
+    """
+    returned = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+    for cb in returned:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"{module_name}.configure_callbacks() must return fittrain.lightning callbacks (subclasses "
+                            f"of fittrain.lightning.Callback). Received: {short_repr(cb)} ({type(cb).__name__}).")
+    replaced = {kind for kind in {type(cb) for cb in callbacks} - {Callback}
+                if any(issubclass(type(cb), kind) for cb in returned)}
+    merged = [cb for cb in callbacks if type(cb) not in replaced] + returned
+    checkpoints = [cb for cb in merged if isinstance(cb, ModelCheckpoint)]
+    if len(checkpoints) > 1:
+        raise ValueError(f"{module_name}.configure_callbacks() adds a ModelCheckpoint beside {len(checkpoints) - 1} "
+                         "other(s); fittrain.lightning takes one. Return one ModelCheckpoint, of the Trainer's class "
+                         "or a subclass of it, so that it replaces the Trainer's.")
+    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + checkpoints
+
+
 def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list[NativeCallback],
                      options: dict[str, Any]) -> list[NativeCallback]:
     """The native callback list of the Lightning Trainer: the given native ones, the Lightning ones'
@@ -114,4 +138,5 @@ def progress_bar_of(callbacks: list[Callback]) -> TQDMProgressBar | None:
     return next((cb for cb in callbacks if isinstance(cb, TQDMProgressBar)), None)
 
 
-__all__ = ["Predictions", "configure_loggers", "lightning_callbacks", "native_callbacks", "progress_bar_of"]
+__all__ = ["Predictions", "configure_loggers", "lightning_callbacks", "native_callbacks", "progress_bar_of",
+           "with_model_callbacks"]

@@ -55,7 +55,6 @@ UNSUPPORTED_HOOKS = {
                                 "in training_step",
     "on_before_batch_transfer": "transform the batch in the DataLoader's collate_fn or in training_step",
     "on_after_batch_transfer": "transform the batch in training_step",
-    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
     "configure_model": "build the layers in __init__ or setup(stage)",
     "configure_sharded_model": "build the layers in __init__ or setup(stage)",
     "on_validation_model_eval": "the Trainer puts the module in eval mode for validation",
@@ -183,6 +182,11 @@ class LightningModule(TrainModule):
     @example_input_array.setter
     def example_input_array(self, value: Any) -> None:  # a property, as Lightning's: TorchScript skips it
         self.__dict__["_example_input_array"] = value
+
+    def configure_callbacks(self) -> Any:
+        """Lightning's: callbacks this module needs, called as each stage starts. Each replaces the Trainer's
+        callbacks of its class (or a base class of it); ModelCheckpoints run last. None or [] adds nothing."""
+        return []
 
     @property
     def on_gpu(self) -> bool:

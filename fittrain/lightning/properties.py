@@ -197,6 +197,12 @@ class LightningAttributes:
 
     # ----------------------------------------------------------------- loggers and callbacks
     @property
+    def callbacks(self) -> list[Any]:
+        """The Lightning callbacks, in the order they run (Lightning's defaults included; checkpoint
+        callbacks last); `events.callbacks` holds the native callbacks that run them."""
+        return self.lightning_callbacks
+
+    @property
     def loggers(self) -> "list[Logger]":
         return self._loggers
 

@@ -22,7 +22,7 @@ from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_non_negative_int, check_positive_int
 from fittrain.distributed.parallel import check_strategy
 from fittrain.lightning import arguments as args
-from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks
+from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks, with_model_callbacks
 from fittrain.lightning.connector import OptimizerSteps, Predictions
 from fittrain.lightning.loggers.base import DummyLogger
 from fittrain.lightning.loop import LightningLoopPlan
@@ -108,6 +108,7 @@ class Trainer(LightningAttributes, NativeTrainer):
                    "min_epochs": args.check_minimum("min_epochs", min_epochs),
                    "min_steps": args.check_minimum("min_steps", min_steps)}
         natives = native_callbacks(self, self.lightning_callbacks, given_native, options)
+        self._natives_given, self._native_options = given_native, options  # kept for configure_callbacks
         val_epochs, val_steps = args.validation_interval(val_check_interval, check_val_every_n_epoch,
                                                          accumulate_grad_batches)
         super().__init__(
@@ -253,6 +254,7 @@ class Trainer(LightningAttributes, NativeTrainer):
             raise TypeError(f"`model` must be a `LightningModule` (fittrain.lightning.LightningModule). Received: "
                             f"{type(model).__name__}.")
         check_lightning_module(model)
+        self._attach_model_callbacks(model)
         if self._processes.strategy != "auto" or self._processes.num_devices * self._processes.num_nodes > 1:
             reset_seed()  # Lightning's DDP and FSDP strategies seed again from PL_GLOBAL_SEED at each stage
         self.logged_names.reset()
@@ -261,6 +263,17 @@ class Trainer(LightningAttributes, NativeTrainer):
             self._datamodule = datamodule
             if isinstance(datamodule, DataModule):
                 datamodule.trainer = self
+
+    def _attach_model_callbacks(self, model: LightningModule) -> None:
+        """Lightning's `configure_callbacks()`, called as each stage starts: what it returns joins the
+        callbacks, replacing those of the same class (`with_model_callbacks`), and the loop's events
+        then run the new list."""
+        returned = model.configure_callbacks()
+        if not returned:
+            return
+        self.lightning_callbacks = with_model_callbacks(self.lightning_callbacks, returned, type(model).__name__)
+        self._use_callbacks(native_callbacks(self, self.lightning_callbacks, self._natives_given,
+                                             self._native_options))
 
     def _evaluation_inputs(self, stage: str, model: Any, ckpt_path: Any, loaders: Any,
                            datamodule: Any) -> tuple[Any, Any, Any]:

@@ -211,7 +211,7 @@ def run_hparams(trainer: "Trainer", extra: dict[str, Any] | None) -> dict[str, A
         "gradient_accumulation_steps": acc.gradient_accumulation_steps,
         "val_every_n_epochs": trainer.val_every_n_epochs, "val_every_n_steps": trainer.val_every_n_steps,
         "strategy": acc.strategy, "precision": acc.mixed_precision, "num_processes": acc.num_processes,
-        "callbacks": ", ".join(short_repr(cb, 200) for cb in trainer.callbacks),
+        "callbacks": ", ".join(short_repr(cb, 200) for cb in trainer.events.callbacks),
     }
     optimizers = trainer.optimizers or [trainer.optimizer]
     values["optimizer"] = ", ".join(type(getattr(o, "optimizer", o)).__name__ for o in optimizers if o is not None)

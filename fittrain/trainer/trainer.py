@@ -163,10 +163,7 @@ class Trainer:
         self.resume_from = resume_from
         self.project_dir = os.fspath(project_dir)
         self.enable_progress_bar = check_bool("enable_progress_bar", enable_progress_bar, owner="Trainer")
-        callbacks = check_callbacks(callbacks)
-        muted = muted_in_dev_run(callbacks) if self.limits.dev_run else []  # Lightning's fast_dev_run mutes them
-        self.events = EventDispatcher(with_progress_bar(callbacks, self.enable_progress_bar, muted), muted)
-        check_one_checkpointer(self.callbacks)  # a callback says it saves checkpoints: Callback.run_request
+        self._use_callbacks(callbacks)
         self.preemption = PreemptionWatcher(preemption_signals)
         if accelerator is None:
             accelerator = self._build_accelerator(gradient_accumulation_steps, strategy, parallelism_config)
@@ -227,6 +224,13 @@ class Trainer:
     def callbacks(self) -> list[Callback]:
         """The callbacks, in the order they run."""
         return self.events.callbacks
+
+    def _use_callbacks(self, callbacks: Sequence[Callback] | None) -> None:
+        """Checks `callbacks` and makes them the ones the loop's events run (with the default progress bar)."""
+        callbacks = check_callbacks(callbacks)
+        muted = muted_in_dev_run(callbacks) if self.limits.dev_run else []  # Lightning's fast_dev_run mutes them
+        self.events = EventDispatcher(with_progress_bar(callbacks, self.enable_progress_bar, muted), muted)
+        check_one_checkpointer(self.events.callbacks)  # a callback says it saves checkpoints: Callback.run_request
 
     def _fire(self, event: Event) -> None:
         self.events.fire(event, self)
@@ -513,7 +517,7 @@ class Trainer:
         self._runner = StepRunner(self.model, module, self.accelerator.distributed_strategy)
         self.val_loader = self.evaluation.prepare_loader(val_loader) if val_loader is not None else None
         self.logged.objects.start()  # the module's torchmetrics states travel in checkpoints
-        acc.register_for_checkpointing(self.state, CallbackStates(self.callbacks, module, self.data.datamodule,
+        acc.register_for_checkpointing(self.state, CallbackStates(self.events.callbacks, module, self.data.datamodule,
                                                                 self.logged.objects))
         load_resumed(self, resume)
         self.loops.plan_fit(self.train_loader, self.val_loader, resume.checkpoint is None, self.lengths,

@@ -474,3 +474,55 @@ def test_unsaved_hparams_are_recorded_nowhere_and_strict_loading_is_honoured(tmp
                                          r"checkpoint whole.*load_from_checkpoint\(path, strict=False\)"):
         pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=2, logger=False)).fit(
             Extended(), *loaders(), ckpt_path=tmp_path / "final.ckpt")
+
+
+def _module_callbacks(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    """A module returning an EarlyStopping (replacing the Trainer's) and a LearningRateMonitor from
+    `configure_callbacks`: the Trainer's callbacks, the EarlyStopping in force, the lr it logged."""
+    base = probe_module(api.pl)
+
+    class WithCallbacks(type(base)):
+        def configure_callbacks(self) -> Any:
+            return [api.callbacks.EarlyStopping("val_loss", patience=7), api.callbacks.LearningRateMonitor()]
+
+    given = api.callbacks.EarlyStopping("val_loss", patience=1)
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, callbacks=[given]))
+    module = WithCallbacks()
+    seen: dict[str, Any] = {"before": [type(cb).__name__ for cb in trainer.callbacks]}
+    trainer.fit(module, *loaders())
+    seen["after"] = [type(cb).__name__ for cb in trainer.callbacks]
+    seen["early_stopping"] = [trainer.early_stopping_callback.patience, given in trainer.callbacks]
+    seen["lr"] = floats({k: v for k, v in trainer.callback_metrics.items() if k.startswith("lr")})
+    trainer.validate(module, loaders()[1], verbose=False)  # called again at each stage: still one of each
+    seen["validate"] = [type(cb).__name__ for cb in trainer.callbacks]
+    return seen
+
+
+def test_configure_callbacks_replaces_the_trainers_of_the_same_class_as_lightning(tmp_path: pathlib.Path) -> None:
+    records = both(_module_callbacks, tmp_path)
+    assert_same(records)
+    mine = records["fittrain"]
+    assert mine["after"] == ["EarlyStopping", "LearningRateMonitor", "ModelCheckpoint"] == mine["validate"]
+    assert mine["before"] == ["EarlyStopping", "ModelCheckpoint"] and mine["early_stopping"] == [7, False]
+    assert mine["lr"] == {"lr-SGD": pytest.approx(0.1)}
+
+
+def test_configure_callbacks_refuses_what_is_no_callback_and_a_second_checkpoint(tmp_path: pathlib.Path) -> None:
+    base = type(probe_module(pl))
+    returned: list[Any] = []
+
+    class Returns(base):
+        def configure_callbacks(self) -> Any:
+            return returned
+
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False))
+    returned[:] = [object()]
+    with pytest.raises(TypeError, match=r"Returns\.configure_callbacks\(\) must return fittrain\.lightning callbacks"):
+        trainer.fit(Returns(), *loaders())
+
+    class Named(callbacks.ModelCheckpoint):
+        pass
+
+    returned[:] = [Named(), callbacks.ModelCheckpoint(every_n_epochs=2)]
+    with pytest.raises(ValueError, match="adds a ModelCheckpoint beside 1 other"):
+        trainer.fit(Returns(), *loaders())
