@@ -8,7 +8,9 @@ see a forward. A module that was not fitted is attached and prepared first (`Tra
 
 - Metrics: each process sums its own samples' values (weighted by batch size) and one collective
   at the end combines the processes (`ValidationAverager`). The loader is prepared with
-  `even_batches=False`, so no sample is repeated and padding is never counted.
+  `even_batches=False`, so no sample is repeated and padding is never counted. Under FSDP2 a process
+  that ran out repeats its last batch (every forward is a collective); that batch counts nowhere,
+  and the module's torchmetrics Metrics get back the states they had before it.
 - Test metric names (`as_test_metrics`): a scalar that `test_step` returns is `test_loss`; a name
   that starts with `val_` starts with `test_` instead (`val_acc` -> `test_acc`); a name that
   starts with `test_` stays; any other gets the prefix (`acc` -> `test_acc`).
@@ -34,6 +36,7 @@ from fittrain.common.reprs import short_repr
 from fittrain.data import check_batches, send_to_device
 from fittrain.trainer.events import Event
 from fittrain.trainer.limits import limited
+from fittrain.trainer.metric_objects import states_kept
 from fittrain.trainer.module import TrainModule
 from fittrain.trainer.parts import StepRunner, ValidationAverager, check_loader, length_of
 
@@ -165,7 +168,7 @@ class Evaluation:
                 if counted:
                     self._fire(batch_start)
                 target.start_batch(batch)
-                with acc.autocast():
+                with acc.autocast(), contextlib.nullcontext() if counted else states_kept(runner.module):
                     self.outputs = runner(method, batch, self.batch_idx)
                     target.add_output(self.outputs, method)
                 if counted:

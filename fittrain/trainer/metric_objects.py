@@ -25,8 +25,9 @@ torchmetrics is never imported here: a value is a Metric only if torchmetrics is
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -192,6 +193,27 @@ class MetricObjects:
 def module_metrics(module: torch.nn.Module) -> dict[str, Any]:
     """The torchmetrics Metrics a module holds, by attribute path (a MetricCollection's members too)."""
     return {path: sub for path, sub in module.named_modules() if as_metric(sub) is not None}
+
+
+@contextlib.contextmanager
+def states_kept(module: torch.nn.Module) -> Iterator[None]:
+    """Runs the block, then gives the module's Metrics back the states they had before it: for a batch
+    that only keeps this process in step with the others (FSDP2's repeated evaluation batch), so that
+    an update in it counts nowhere."""
+    kept = [(metric, {attr: _copied(getattr(metric, attr)) for attr in metric._defaults}, metric._update_count,
+             metric._computed) for metric in module_metrics(module).values()]
+    try:
+        yield
+    finally:
+        for metric, states, updates, computed in kept:
+            for attr, value in states.items():
+                setattr(metric, attr, value)
+            metric._update_count, metric._computed = updates, computed
+
+
+def _copied(state: Any) -> Any:
+    # update() adds into tensor states in place and appends to list states: both need a copy.
+    return list(state) if isinstance(state, list) else state.clone()
 
 
 def _to_cpu(state: Any) -> Any:

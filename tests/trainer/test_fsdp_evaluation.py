@@ -1,6 +1,7 @@
 """Validation and test under FSDP2 on 2 processes whose shares of the loader differ in length
 (scripts/fsdp_eval_worker.py): every forward is a collective, so the process that runs out
-repeats its last batch, uncounted, until the other is done."""
+repeats its last batch, uncounted, until the other is done: in the averaged loss and in a
+torchmetrics Metric the module updates."""
 
 from __future__ import annotations
 
@@ -23,3 +24,5 @@ def test_uneven_evaluation_under_fsdp_neither_hangs_nor_counts_a_repeat(tmp_path
         assert rank["world"] == 2
         assert math.isclose(rank["validate"]["val_loss"], reference["validate"]["val_loss"], rel_tol=1e-6)
         assert math.isclose(rank["test"]["test_loss"], reference["test"]["test_loss"], rel_tol=1e-6)
+        for stage, name in (("validate", "mse"), ("test", "test_mse")):  # the Metric's compute(), synced by torchmetrics
+            assert math.isclose(rank[stage][name], reference[stage][name], rel_tol=1e-6), (stage, rank[stage])

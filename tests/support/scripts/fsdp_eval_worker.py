@@ -1,6 +1,7 @@
 """One process of a 2-process FSDP2 job that validates and tests on a loader of uneven shares:
 `fsdp_eval_worker.py --out DIR`. 10 samples in batches of 4 give rank 0 two batches and rank 1
-one; under FSDP2 every forward is a collective, so the ranks must stay in step."""
+one; under FSDP2 every forward is a collective, so the ranks must stay in step. The module also
+updates a torchmetrics MeanSquaredError and logs it: the repeated batch must not count there either."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pathlib
 from typing import Any
 
 import torch
+import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -19,6 +21,7 @@ class Net(TrainModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.mse = torchmetrics.MeanSquaredError()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -28,7 +31,11 @@ class Net(TrainModule):
 
     def validation_step(self, batch: Any) -> torch.Tensor:
         x, y = batch
-        return nn.functional.mse_loss(self(x), y)
+        prediction = self(x)
+        if not self.training:
+            self.mse.update(prediction, y)
+            self.log("mse", self.mse)
+        return nn.functional.mse_loss(prediction, y)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
