@@ -325,7 +325,8 @@ class Checkpointer(Callback):
         top = self._ranking.top()
         self.best_k_models = {str(folder / name): score for score, name in top}
         self.best_model_path, self.best_model_score = (str(folder / top[0][1]), top[0][0]) if top else ("", None)
-        full = self.save_top_k is not None and len(top) == self.save_top_k
+        # Lightning's: the worst of the k kept once there are k; keeping every save, the worst so far.
+        full = bool(top) and (self.save_top_k is None or len(top) == self.save_top_k)
         self.kth_best_model_path = str(folder / top[-1][1]) if full else ""
 
     def _delete_beaten(self, trainer: "Trainer") -> None:

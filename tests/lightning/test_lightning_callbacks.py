@@ -107,13 +107,22 @@ CHECKPOINTS = {
     "every_2_epochs_max": {"every_n_epochs": 2, "monitor": "val_loss", "mode": "max", "save_top_k": 1},
     "dirpath_and_name_without_keys": {"dirpath": "ckpts", "filename": "model-{epoch:02d}",
                                       "auto_insert_metric_name": False, "save_top_k": -1},
+    # Validation twice an epoch, or every other epoch: Lightning saves after each validation, not at
+    # the epoch's end, so each save holds the weights its val_loss was measured on.
+    "after_each_validation": {"monitor": "val_loss", "save_top_k": -1, "filename": "{epoch}-{step}-{val_loss:.4f}",
+                              "save_last": True, "trainer": {"val_check_interval": 2}},
+    "every_other_validation_epoch": {"monitor": "val_loss", "save_top_k": 2, "trainer": {"check_val_every_n_epoch": 2}},
+    "on_train_epoch_end_given": {"save_top_k": -1, "save_on_train_epoch_end": True,
+                                 "trainer": {"val_check_interval": 2}},
 }
 
 
 def _checkpoints(options: dict[str, Any]) -> Any:
     def run(api: Any, root: pathlib.Path) -> dict[str, Any]:
-        checkpoint = api.callbacks.ModelCheckpoint(**options)
-        trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=4, callbacks=[checkpoint]))
+        arguments = dict(options)
+        checkpoint = api.callbacks.ModelCheckpoint(**{k: v for k, v in arguments.items() if k != "trainer"})
+        trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=4, callbacks=[checkpoint],
+                                                  **arguments.get("trainer", {})))
         module = probe_module(api.pl)
         trainer.fit(module, *loaders())
 

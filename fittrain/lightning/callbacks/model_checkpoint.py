@@ -1,7 +1,8 @@
 """`ModelCheckpoint`: Lightning's, saving through fittrain's `Checkpointer` (atomic, verified folders).
 
 Lightning's defaults and names, kept: a save at every epoch end (`every_n_epochs=1` when no trigger is
-given), the name "{epoch}-{step}" -> "epoch=1-step=10", the newest save kept alone without a
+given), or after each validation when validation runs several times an epoch or not every epoch
+(`saves_at_epoch_end`), the name "{epoch}-{step}" -> "epoch=1-step=10", the newest save kept alone without a
 `monitor` (`save_top_k=1`), `-1` keeping all and `0` none; `dirpath` by default
 `{logger.save_dir}/{logger.name}/version_{n}/checkpoints` (the first logger's), or
 `{default_root_dir}/checkpoints` without a logger, settled when the stage is set up; the attributes
@@ -52,8 +53,8 @@ class ModelCheckpoint(Callback):
         every_n_train_steps: Save every n optimizer steps.
         train_time_interval: Only None.
         every_n_epochs: Save every n epochs (1 when no trigger is given).
-        save_on_train_epoch_end: None, True or False: saves at epoch ends come after that epoch's
-            validation in fittrain in every case.
+        save_on_train_epoch_end: True saves at the training epoch's end, False after each validation;
+            None: Lightning's rule (`saves_at_epoch_end`).
         enable_version_counter: Only True ("-v1", "-v2" for a name that exists).
 
     Raises:
@@ -103,7 +104,8 @@ class ModelCheckpoint(Callback):
 
     def _native(self) -> Checkpointer:
         top_k, monitored = self.save_top_k, self.monitor is not None
-        return Checkpointer(
+        return _Saves(
+            self,
             every_n_steps=self.every_n_train_steps, every_n_epochs=None if self.every_n_train_steps else
             self.every_n_epochs, monitor=self.monitor, mode=self.mode,
             save_top_k=top_k if monitored and top_k > 0 else None,
@@ -121,6 +123,16 @@ class ModelCheckpoint(Callback):
             self.dirpath = self.native.dirpath
             for name in self.NAMING:
                 setattr(self.native, name, getattr(self, name))
+
+    def saves_at_epoch_end(self, trainer: "Trainer") -> bool:
+        """Lightning's rule for where an epoch's save happens: at the training epoch's end (True), or after
+        each validation (False) when validation runs several times an epoch (`val_check_interval`) or
+        not every epoch (`check_val_every_n_epoch`); `save_on_train_epoch_end` decides when given."""
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        return sum(trainer.num_val_batches) == 0 or trainer.val_check_interval == 1.0
 
     def resolve_dirpath(self, trainer: "Trainer") -> str:
         """`dirpath`, or Lightning's default folder for `trainer`'s first logger."""
@@ -162,3 +174,24 @@ class ModelCheckpoint(Callback):
     def __repr__(self) -> str:
         return (f"ModelCheckpoint(dirpath={self.dirpath!r}, filename={self.filename!r}, monitor={self.monitor!r}, "
                 f"save_top_k={self.save_top_k})")
+
+
+class _Saves(Checkpointer):
+    """The Checkpointer of a `ModelCheckpoint`: its epoch trigger saves where Lightning's does
+    (`ModelCheckpoint.saves_at_epoch_end`): at the training epoch's end, or after each validation of
+    a fit (not the sanity check's) in every `every_n_epochs`-th epoch. A second save at one global
+    step is skipped, as in Lightning."""
+
+    def __init__(self, owner: ModelCheckpoint, **options: Any) -> None:
+        super().__init__(**options)
+        self._owner = owner
+
+    def on_train_epoch_end(self, trainer: "Trainer") -> None:
+        if self._owner.saves_at_epoch_end(trainer):
+            super().on_train_epoch_end(trainer)
+
+    def on_validation_end(self, trainer: "Trainer") -> None:
+        if (self.every_n_epochs is not None and trainer.fitting and not trainer.sanity_checking
+                and not self._owner.saves_at_epoch_end(trainer)
+                and (trainer.state.epoch + 1) % self.every_n_epochs == 0):
+            self._save(trainer)
