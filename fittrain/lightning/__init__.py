@@ -10,6 +10,7 @@ A Lightning program ports by changing its imports (`lightning.pytorch` -> `fittr
     fittrain.lightning.callbacks  ModelCheckpoint EarlyStopping LearningRateMonitor ModelSummary TQDMProgressBar
     fittrain.lightning.loggers    TensorBoardLogger CSVLogger WandbLogger MLFlowLogger Logger
     fittrain.lightning.utilities  rank_zero_only rank_zero_info rank_zero_warn grad_norm, .types
+    fittrain.lightning.strategies DDPStrategy FSDPStrategy: the layout and DDP's arguments
     fittrain.lightning.core, .trainer   the same names where Lightning has them
 
 Under these names Lightning's semantics hold where a program can observe them: metric names and
@@ -22,15 +23,15 @@ name: same, different or not applicable, and why.
 
 Modules: module, core; trainer with properties (its attributes), arguments (checks), build (loggers
 and callbacks), stages (setup/teardown), loop (epoch-end validations), connector (logging rows),
-metrics (the views), sharding (Lightning's per-process data), verbose (result tables); callbacks/,
-loggers/, utilities/. May import every fittrain layer (it is the top one); never `lightning`.
+metrics (the views), sharding (Lightning's per-process data), verbose (result tables), strategies;
+callbacks/, loggers/, utilities/. May import every fittrain layer (it is the top one); never `lightning`.
 """
 
 from fittrain.accelerator.seeding import seed_everything
-from fittrain.lightning import callbacks, loggers, utilities
+from fittrain.lightning import callbacks, loggers, strategies, utilities
 from fittrain.lightning.callbacks import Callback
 from fittrain.lightning.module import LightningDataModule, LightningModule
 from fittrain.lightning.trainer import Trainer
 
 __all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "callbacks", "loggers",
-           "seed_everything", "utilities"]
+           "seed_everything", "strategies", "utilities"]

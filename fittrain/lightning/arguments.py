@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from fittrain.accelerator.configuration import DistributedDataParallelKwargs
 from fittrain.common.reprs import short_repr
+from fittrain.lightning.strategies import Strategy
 
 #: Trainer arguments fittrain.lightning takes only at Lightning's default -> (default, the fittrain way).
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -77,14 +79,15 @@ class Processes:
     Attributes:
         strategy: The native strategy: "auto", "ddp" or "fsdp".
         cpu: Train on the CPU even where a GPU is.
-        find_unused_parameters: DDP's option ("ddp_find_unused_parameters_true").
+        kwargs_handlers: The Accelerator's handlers a strategy asks for: DDP's arguments
+            ("ddp_find_unused_parameters_true", `DDPStrategy(...)`), the process group's.
         num_devices: The processes on this machine.
         num_nodes: The machines.
     """
 
     strategy: str
     cpu: bool
-    find_unused_parameters: bool
+    kwargs_handlers: tuple[Any, ...]
     num_devices: int
     num_nodes: int
 
@@ -101,9 +104,14 @@ def processes(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any) -> 
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(f"Trainer(accelerator={accelerator!r}): no CUDA device is available on this machine. Use "
                          "accelerator='cpu' or 'auto'.")
+    handlers = strategy.kwargs_handlers() if isinstance(strategy, Strategy) else []
+    strategy = strategy.strategy_name if isinstance(strategy, Strategy) else strategy
     if not isinstance(strategy, str) or strategy not in _STRATEGIES:
-        refuse("strategy", strategy, "use 'auto', 'ddp', 'ddp_find_unused_parameters_true' or 'fsdp', and start "
-               "the processes with `fittrain launch --num_processes N program.py` (or torchrun)")
+        refuse("strategy", strategy, "use 'auto', 'ddp', 'ddp_find_unused_parameters_true', 'fsdp', DDPStrategy(...) "
+               "or FSDPStrategy() (fittrain.lightning.strategies), and start the processes with `fittrain launch "
+               "--num_processes N program.py` (or torchrun)")
+    if strategy == "ddp_find_unused_parameters_true":
+        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)]
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
@@ -115,8 +123,7 @@ def processes(accelerator: Any, strategy: Any, devices: Any, num_nodes: Any) -> 
                          "--num_processes <total> ...` on each machine (or torchrun --nnodes), or pass the number of "
                          "machines the job has.")
     _check_devices(devices, per_node)
-    return Processes(_STRATEGIES[strategy], accelerator == "cpu", strategy == "ddp_find_unused_parameters_true",
-                     per_node, nodes)
+    return Processes(_STRATEGIES[strategy], accelerator == "cpu", tuple(handlers), per_node, nodes)
 
 
 def _check_devices(devices: Any, per_node: int) -> None:

@@ -146,12 +146,9 @@ class Trainer(LightningAttributes, NativeTrainer):
 
     def _build_accelerator(self, gradient_accumulation_steps: Any, strategy: Any,
                            parallelism_config: Any) -> Accelerator:
-        """The native Trainer's Accelerator, on the CPU for accelerator="cpu", with DDP's
-        find_unused_parameters for strategy="ddp_find_unused_parameters_true"."""
-        from fittrain.accelerator.configuration import DistributedDataParallelKwargs  # only this Trainer needs it
-
-        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] \
-            if self._processes.find_unused_parameters else None
+        """The native Trainer's Accelerator, on the CPU for accelerator="cpu", with the DDP and process group
+        arguments the strategy gives ("ddp_find_unused_parameters_true", `DDPStrategy(...)`)."""
+        handlers = list(self._processes.kwargs_handlers) or None
         return Accelerator(
             gradient_accumulation_steps=check_positive_int("gradient_accumulation_steps", gradient_accumulation_steps),
             strategy=check_strategy(strategy), cpu=self._cpu, kwargs_handlers=handlers,

@@ -235,3 +235,41 @@ def test_what_a_fit_cannot_honour_is_refused_when_it_starts(tmp_path: pathlib.Pa
         trainer.fit(probe_module(pl), train, [val, val])
     with pytest.raises(NotImplementedError, match="No `test_step\\(\\)`"):
         pl.Trainer(**trainer_kwargs(tmp_path, logger=False)).test(Manual(), val)
+
+
+def test_a_strategy_object_gives_the_accelerator_ddps_and_the_process_groups_arguments(tmp_path: pathlib.Path) -> None:
+    import datetime
+    import inspect
+
+    from fittrain.lightning.strategies import DDPStrategy, FSDPStrategy
+
+    strategy = DDPStrategy(find_unused_parameters=True, static_graph=False, bucket_cap_mb=10,
+                           process_group_backend="gloo", timeout=datetime.timedelta(minutes=3))
+    trainer = pl.Trainer(default_root_dir=str(tmp_path), accelerator="cpu", strategy=strategy)
+    ddp = trainer.accelerator.ddp_handler
+    assert (ddp.find_unused_parameters, ddp.static_graph, ddp.bucket_cap_mb) == (True, False, 10)
+    string = pl.Trainer(default_root_dir=str(tmp_path), strategy="ddp_find_unused_parameters_true")
+    assert string.accelerator.ddp_handler.find_unused_parameters
+    assert pl.Trainer(default_root_dir=str(tmp_path), strategy=FSDPStrategy()).accelerator.ddp_handler is None
+    # Every named argument is one of Lightning's, so a program's call binds the same way.
+    lightning_strategies = pytest.importorskip("lightning.pytorch.strategies")
+    for ours, theirs in ((DDPStrategy, lightning_strategies.DDPStrategy),
+                         (FSDPStrategy, lightning_strategies.FSDPStrategy)):
+        assert set(inspect.signature(ours).parameters) - {"kwargs"} <= set(inspect.signature(theirs).parameters)
+
+
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda s: s.DDPStrategy(start_method="spawn"), ValueError, r"start_method='spawn'.*fittrain launch"),
+    (lambda s: s.DDPStrategy(ddp_comm_hook=print), ValueError, r"ddp_comm_hook=.*comm_hook='fp16'"),
+    (lambda s: s.DDPStrategy(find_unused=True), TypeError,
+     r"DDPStrategy\(find_unused=\.\.\.\).*find_unused_parameters"),
+    (lambda s: s.DDPStrategy(static_graph="yes"), TypeError, r"static_graph"),
+    (lambda s: s.DDPStrategy(process_group_backend="mpi"), ValueError, r"backend=.*'gloo', 'nccl'"),
+    (lambda s: s.FSDPStrategy(sharding_strategy="FULL_SHARD"), ValueError, r"sharding_strategy=.*ParallelismConfig"),
+    (lambda s: s.FSDPStrategy(limit_all_gathers=True), ValueError, r"limit_all_gathers=True.*strategy='fsdp'"),
+], ids=["start_method", "comm_hook", "unknown", "bad_value", "backend", "fsdp1_option", "fsdp_other"])
+def test_a_strategy_option_fittrain_cannot_honour_is_refused(build: Any, error: type, message: str) -> None:
+    from fittrain.lightning import strategies
+
+    with pytest.raises(error, match=message):
+        build(strategies)

@@ -24,5 +24,6 @@ def test_uneven_evaluation_under_fsdp_neither_hangs_nor_counts_a_repeat(tmp_path
         assert rank["world"] == 2
         assert math.isclose(rank["validate"]["val_loss"], reference["validate"]["val_loss"], rel_tol=1e-6)
         assert math.isclose(rank["test"]["test_loss"], reference["test"]["test_loss"], rel_tol=1e-6)
-        for stage, name in (("validate", "mse"), ("test", "test_mse")):  # the Metric's compute(), synced by torchmetrics
+        # The Metric's compute(), synced across the processes by torchmetrics.
+        for stage, name in (("validate", "mse"), ("test", "test_mse")):
             assert math.isclose(rank[stage][name], reference[stage][name], rel_tol=1e-6), (stage, rank[stage])

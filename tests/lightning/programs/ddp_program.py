@@ -5,6 +5,7 @@ what a program can observe to OUT/rank{global_rank}.json: metrics logged with an
 gradient norms (Lightning's grad_norm), what a rank_zero_only function returned, EarlyStopping's
 decision, test and predict results, the folders, and the files rank 0 wrote."""
 
+import datetime
 import json
 import os
 import sys
@@ -16,12 +17,14 @@ if sys.argv[1] == "lightning":
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.strategies import DDPStrategy
     from lightning.pytorch.utilities import grad_norm, rank_zero_info, rank_zero_only
     from lightning.pytorch.utilities.types import STEP_OUTPUT
 else:
     import fittrain.lightning as pl
     from fittrain.lightning.callbacks import EarlyStopping, ModelCheckpoint
     from fittrain.lightning.loggers import CSVLogger
+    from fittrain.lightning.strategies import DDPStrategy
     from fittrain.lightning.utilities import grad_norm, rank_zero_info, rank_zero_only
     from fittrain.lightning.utilities.types import STEP_OUTPUT
 
@@ -76,7 +79,10 @@ def main() -> None:
     data = TensorDataset(x, x.sum(1, keepdim=True) + 0.2 * torch.randn(70, 1))
     stop = EarlyStopping("val_loss", patience=1, mode="max")
     best = ModelCheckpoint(monitor="val_loss_sync", filename="{epoch}-{val_loss_sync:.3f}")
-    trainer = pl.Trainer(max_epochs=4, accelerator="cpu", devices=2, strategy="ddp", default_root_dir=OUT,
+    # A strategy object, as many programs pass: DDP's own arguments and the process group's.
+    strategy = DDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True, process_group_backend="gloo",
+                           timeout=datetime.timedelta(minutes=5))
+    trainer = pl.Trainer(max_epochs=4, accelerator="cpu", devices=2, strategy=strategy, default_root_dir=OUT,
                          logger=CSVLogger(OUT), log_every_n_steps=2, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[stop, best])
     model = Regression()
