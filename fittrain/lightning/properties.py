@@ -81,29 +81,44 @@ class LightningAttributes:
         """The datamodule of the current (or last) stage, or None."""
         return self._datamodule
 
+    # Lightning's readings of the stage (trainer.state.fn and .stage: fittrain/lightning/states.py).
+    @property
+    def started_stage(self) -> str | None:
+        """The stage last started ("fit", "validate", "test", "predict"), kept after it ends; None before any."""
+        return self._stage
+
+    @property
+    def running_stage(self) -> str | None:
+        """What runs now: "train", "sanity_check" or "validate" in a fit, else the stage; None between stages."""
+        if not self._running:
+            return None
+        if self._stage == "fit":
+            return "sanity_check" if self.sanity_checking else "validate" if self.evaluation.running else "train"
+        return self._stage
+
     @property
     def fitting(self) -> bool:
         return self._stage == "fit"
 
     @property
     def training(self) -> bool:
-        return self._stage == "fit" and not self.evaluation.running and not self.sanity_checking
+        return self.running_stage == "train"
 
     @property
     def validating(self) -> bool:
-        return self._stage == "validate" or (self._stage == "fit" and self.evaluation.running)
+        return self.running_stage == "validate"
 
     @property
     def testing(self) -> bool:
-        return self._stage == "test"
+        return self.running_stage == "test"
 
     @property
     def predicting(self) -> bool:
-        return self._stage == "predict"
+        return self.running_stage == "predict"
 
     @property
     def evaluating(self) -> bool:
-        return self._stage in ("validate", "test")
+        return self.running_stage in ("validate", "test", "sanity_check")
 
     @property
     def checks_validation_every_epoch(self) -> bool:

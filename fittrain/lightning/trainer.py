@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -30,6 +30,7 @@ from fittrain.lightning.metrics import LoggedNames
 from fittrain.lightning.module import LightningModule, check_lightning_module
 from fittrain.lightning.properties import LightningAttributes
 from fittrain.lightning.stages import LightningStages
+from fittrain.lightning.states import LightningState
 from fittrain.lightning.verbose import print_results
 from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.evaluation import as_test_name
@@ -97,6 +98,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         self._lightning_module: Any = None
         self._datamodule: Any = None
         self._stage: str | None = None
+        self._running = False  # a stage runs (fit, validate, test, predict): trainer.state.stage
         if fast_dev_run and self._loggers:
             self._loggers = [DummyLogger()]  # Lightning swaps them for a logger that writes nothing
         self.lightning_callbacks, given_native = lightning_callbacks(
@@ -170,7 +172,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         args.check_strict_loading(model, "fit", resume_from)
         before, self.resume_from = self.resume_from, resume_from
         try:
-            with self._fit_context(model):
+            with self._fit_context(model), self._running_stage():
                 super().fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
                             datamodule=datamodule)
         finally:
@@ -181,7 +183,8 @@ class Trainer(LightningAttributes, NativeTrainer):
                  weights_only: bool | None = None) -> list[dict[str, float]]:
         """Lightning's `validate`: `[{name: value}]`, the names logged with logger=True."""
         model, ckpt_path, datamodule = self._evaluation_inputs("validate", model, ckpt_path, dataloaders, datamodule)
-        super().validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        with self._running_stage():
+            super().validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         return self._results(verbose, "Validate")
 
     def test(self, model: LightningModule | None = None, dataloaders: Any = None, ckpt_path: Any = None,
@@ -192,7 +195,8 @@ class Trainer(LightningAttributes, NativeTrainer):
         if not model.has_test_step():
             raise NotImplementedError(f"No `test_step()` method defined to run `Trainer.test`: {type(model).__name__} "
                                       "must implement test_step(self, batch, batch_idx).")
-        results = super().test(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        with self._running_stage():
+            results = super().test(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         raw = self.state.raw_metrics
         for name in list(self.logged_names.callback):  # the native test names them test_*: put them back
             if as_test_name(name) in results:
@@ -206,8 +210,9 @@ class Trainer(LightningAttributes, NativeTrainer):
         model, ckpt_path, datamodule = self._evaluation_inputs("predict", model, ckpt_path, dataloaders, datamodule)
         self.predictions.outputs = []
         try:
-            super().predict(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
-                            all_processes=True)
+            with self._running_stage():
+                super().predict(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
+                                all_processes=True)
             outputs = self.predictions.outputs
         finally:
             self.predictions.outputs = None
@@ -260,6 +265,19 @@ class Trainer(LightningAttributes, NativeTrainer):
             self._datamodule = datamodule
             if isinstance(datamodule, DataModule):
                 datamodule.trainer = self
+
+    @contextlib.contextmanager
+    def _running_stage(self) -> Iterator[None]:
+        """Marks a stage as running (Lightning's `trainer.state.stage`, `trainer.training`, ...)."""
+        self._running = True
+        try:
+            yield
+        finally:
+            self._running = False
+
+    def _new_state(self) -> LightningState:
+        """The native `TrainState`, reading Lightning's `fn`, `stage` and `status` off this Trainer."""
+        return LightningState(trainer=self)
 
     def _attach_model_callbacks(self, model: LightningModule) -> None:
         """Lightning's `configure_callbacks()`, called as each stage starts: what it returns joins the

@@ -173,7 +173,7 @@ class Trainer:
                              "instead: Accelerator(parallelism_config=...).")
         use_compile(accelerator, compile_options)
         self.accelerator = accelerator
-        self.state = TrainState()
+        self.state = self._new_state()
         self.module: TrainModule | None = None
         self.model: nn.Module | None = None
         # Automatic or manual optimization (fittrain/trainer/optimization.py), chosen at each fit: its
@@ -225,6 +225,10 @@ class Trainer:
         """The callbacks, in the order they run."""
         return self.events.callbacks
 
+    def _new_state(self) -> TrainState:
+        """A fresh `TrainState` (fittrain.lightning's Trainer makes it one that reads Lightning's stages too)."""
+        return TrainState()
+
     def _use_callbacks(self, callbacks: Sequence[Callback] | None) -> None:
         """Checks `callbacks` and makes them the ones the loop's events run (with the default progress bar)."""
         callbacks = check_callbacks(callbacks)
@@ -259,7 +263,7 @@ class Trainer:
         check_fit_inputs(module, train_loader, val_loader)
         train_loader, val_loader = self.loops.fit_loaders(train_loader, val_loader, lambda msg: warn_once(self, msg))
         hooks = bind_module_hooks(module)  # checks the module's on_* methods before anything runs
-        self.module, self.state, self.logged, self.batch = module, TrainState(), MetricLog(self), None
+        self.module, self.state, self.logged, self.batch = module, self._new_state(), MetricLog(self), None
         module.attach(self)
         self.events.use_module_hooks(hooks)
         fire = self._fire

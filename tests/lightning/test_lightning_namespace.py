@@ -526,3 +526,55 @@ def test_configure_callbacks_refuses_what_is_no_callback_and_a_second_checkpoint
     returned[:] = [Named(), callbacks.ModelCheckpoint(every_n_epochs=2)]
     with pytest.raises(ValueError, match="adds a ModelCheckpoint beside 1 other"):
         trainer.fit(Returns(), *loaders())
+
+
+def _state_readings(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    """trainer.state.fn / .stage / .status and the Trainer's stage flags, read in each loop's hooks and
+    between stages."""
+    seen: dict[str, Any] = {}
+
+    def reading(trainer: Any) -> list[Any]:
+        state = trainer.state
+        return [getattr(state.fn, "value", state.fn), getattr(state.stage, "value", state.stage),
+                getattr(state.status, "value", state.status), trainer.training, trainer.validating,
+                trainer.testing, trainer.predicting, trainer.evaluating, trainer.sanity_checking]
+
+    class Reader(api.pl.Callback):
+        def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+            seen["sanity_check_start"] = reading(trainer)
+
+        def on_validation_batch_start(self, trainer: Any, *args: Any) -> None:
+            seen.setdefault("sanity" if trainer.sanity_checking else f"validation_{trainer.state.fn.value}",
+                            reading(trainer))
+
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            seen.setdefault("train", reading(trainer))
+
+        def on_test_batch_start(self, trainer: Any, *args: Any) -> None:
+            seen.setdefault("test", reading(trainer))
+
+        def on_predict_batch_start(self, trainer: Any, *args: Any) -> None:
+            seen.setdefault("predict", reading(trainer))
+
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=1, logger=False, enable_checkpointing=False,
+                                              callbacks=[Reader()]))
+    seen["before"] = reading(trainer)
+    module = probe_module(api.pl)
+    trainer.fit(module, *loaders())
+    seen["after_fit"] = reading(trainer)
+    trainer.validate(module, loaders()[1], verbose=False)
+    trainer.test(module, loaders()[1], verbose=False)
+    trainer.predict(module, loaders()[1])
+    seen["after_predict"] = reading(trainer)
+    return seen
+
+
+def test_trainer_state_fn_stage_and_status_are_lightnings(tmp_path: pathlib.Path) -> None:
+    from fittrain.lightning.states import RunningStage, TrainerFn
+
+    records = both(_state_readings, tmp_path)
+    assert_same(records)
+    mine = records["fittrain"]
+    assert mine["train"][:3] == ["fit", "train", "running"] and mine["sanity"][:3] == ["fit", "sanity_check", "running"]
+    assert mine["after_fit"][:4] == ["fit", None, "finished", False] and mine["before"][2] == "initializing"
+    assert TrainerFn.FITTING == "fit" and RunningStage.SANITY_CHECKING.evaluating  # strings, as Lightning's
