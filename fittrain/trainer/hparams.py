@@ -85,14 +85,16 @@ def recordable(owner: Any) -> dict[str, Any] | None:
     strings, booleans, None, and lists and dicts of them as they are; anything else (a module, a
     tensor) as its one-line repr."""
     hparams = owner.__dict__.get("hparams")
-    return {str(k): _recordable(v) for k, v in hparams.items()} if isinstance(hparams, dict) else None
+    return {str(k): recordable_value(v) for k, v in hparams.items()} if isinstance(hparams, dict) else None
 
 
-def _recordable(value: Any, depth: int = 0) -> Any:
+def recordable_value(value: Any, depth: int = 0) -> Any:
+    """`value` as trackers, checkpoints and hparams.yaml keep it: numbers, strings, booleans, None, and
+    lists and dicts of them (4 levels deep); anything else as its one-line repr."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)) and depth < 4:
-        return [_recordable(v, depth + 1) for v in value]
+        return [recordable_value(v, depth + 1) for v in value]
     if isinstance(value, dict) and depth < 4:
-        return {str(k): _recordable(v, depth + 1) for k, v in value.items()}
+        return {str(k): recordable_value(v, depth + 1) for k, v in value.items()}
     return short_repr(value, 200)

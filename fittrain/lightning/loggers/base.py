@@ -9,6 +9,7 @@ from typing import Any
 
 from fittrain.accelerator.process_logging import process_index
 from fittrain.common.reprs import short_repr
+from fittrain.trainer.hparams import recordable_value
 
 
 def is_main_process() -> bool:
@@ -167,22 +168,12 @@ def write_hparams_yaml(path: str, hparams: dict[str, Any]) -> None:
         import yaml  # optional: only where a Lightning logger writes hparams.yaml
     except ImportError:
         yaml = None
-    safe = {str(key): _yaml_value(value) for key, value in hparams.items()}
+    safe = {str(key): recordable_value(value) for key, value in hparams.items()}
     with open(path, "w", encoding="utf-8") as file:
         if yaml is not None:
             yaml.safe_dump(safe, file, sort_keys=True)  # Lightning's order
         else:
             json.dump(safe, file, indent=2, sort_keys=True)
-
-
-def _yaml_value(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)) and depth < 4:
-        return [_yaml_value(v, depth + 1) for v in value]
-    if isinstance(value, dict) and depth < 4:
-        return {str(k): _yaml_value(v, depth + 1) for k, v in value.items()}
-    return short_repr(value, 200)
 
 
 def flat_numbers(metrics: dict[str, Any], prefix: str = "", separator: str = "-") -> dict[str, float]:
