@@ -124,7 +124,8 @@ class OptimizerSteps(NativeCallback):
         self._buffers: list[Any] = []
 
     def on_fit_start(self, trainer: Any) -> None:
-        self.count = 0
+        if not trainer.state.global_step:  # a fit going on from the last one keeps its count
+            self.count = 0
 
     def on_train_start(self, trainer: Any) -> None:
         """Decides once whether buffers are broadcast: manual optimization under DDP, with buffers."""

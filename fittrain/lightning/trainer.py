@@ -99,6 +99,7 @@ class Trainer(LightningAttributes, NativeTrainer):
         self._datamodule: Any = None
         self._stage: str | None = None
         self._running = False  # a stage runs (fit, validate, test, predict): trainer.state.stage
+        self._progress: Any = None  # where the last completed fit ended: the next fit goes on from there
         if fast_dev_run and self._loggers:
             self._loggers = [DummyLogger()]  # Lightning swaps them for a logger that writes nothing
         self.lightning_callbacks, given_native = lightning_callbacks(
@@ -175,6 +176,7 @@ class Trainer(LightningAttributes, NativeTrainer):
             with self._fit_context(model), self._running_stage():
                 super().fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
                             datamodule=datamodule)
+            self._progress = self.state
         finally:
             self.resume_from = before
 
@@ -276,8 +278,23 @@ class Trainer(LightningAttributes, NativeTrainer):
             self._running = False
 
     def _new_state(self) -> LightningState:
-        """The native `TrainState`, reading Lightning's `fn`, `stage` and `status` off this Trainer."""
-        return LightningState(trainer=self)
+        """The native `TrainState`, reading Lightning's `fn`, `stage` and `status` off this Trainer. A fit
+        after a completed one goes on from where it ended, as Lightning's Trainer keeps its progress:
+        with max_epochs reached it trains nothing (a checkpoint given with ckpt_path still wins)."""
+        state = LightningState(trainer=self)
+        previous = getattr(self, "_progress", None)
+        if previous is not None and self._stage == "fit":
+            state.epoch, state.global_step, state.batch_idx = previous.epoch, previous.global_step, previous.batch_idx
+            state.epoch_start_step, state.should_stop = previous.epoch_start_step, previous.should_stop
+        return state
+
+    def _skip_training(self) -> None:
+        """Lightning's fit with nothing left to train still builds the training loader's iterator, which
+        draws its base seed from the global RNG (or the loader's generator): drawn here too, so that
+        later shuffles match Lightning's."""
+        loader = getattr(self.train_loader, "base_loader", self.train_loader)
+        if isinstance(loader, torch.utils.data.DataLoader):
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
 
     def _attach_model_callbacks(self, model: LightningModule) -> None:
         """Lightning's `configure_callbacks()`, called as each stage starts: what it returns joins the

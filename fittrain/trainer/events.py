@@ -6,6 +6,8 @@ The loop that fires them, in the order `Trainer.fit` runs it::
     [a fresh fit that validates, with num_sanity_val_steps: on_sanity_check_start, then on_validation_start
      ... on_validation_end over that many batches (trainer.sanity_checking is True), on_sanity_check_end]
     on_train_start                    after prepare(), a resumed checkpoint's loading and the sanity check
+                                      (from here to on_train_end: only when there is training left to do,
+                                      not for a resumed run that had ended or limit_train_batches=0)
     for each epoch:
         on_train_epoch_start
         for each batch:

@@ -275,11 +275,14 @@ class Trainer:
                 acc = self.accelerator
                 window = watch_steps(self.hang_timeout, acc.process_index, acc.num_processes)
                 run_sanity_check(self, lambda: self._validate(self.val_loader, self.loops.sanity))
-                fire(Event.TRAIN_START)
-                if self.timer is not None:
-                    self.timer.start(self)  # max_time counts training from here
-                self._train(window)
-                fire(Event.TRAIN_END)
+                if self._finished():  # a resumed run that had ended, limit_train_batches=0: Lightning's skip
+                    self._skip_training()
+                else:
+                    fire(Event.TRAIN_START)
+                    if self.timer is not None:
+                        self.timer.start(self)  # max_time counts training from here
+                    self._train(window)
+                    fire(Event.TRAIN_END)
                 fire(Event.FIT_END)
         except BaseException as exc:
             self.events.fire_exception(self, exc)
@@ -369,6 +372,9 @@ class Trainer:
         """Whether to save and exit now: a preemption signal came, and an optimizer step just ended."""
         return self.accelerator.sync_gradients and self.preemption.should_stop(self.accelerator,
                                                                                self.state.global_step)
+
+    def _skip_training(self) -> None:
+        """What a fit whose training is done before it starts does instead of training: nothing here."""
 
     def _finished(self) -> bool:
         return self.state.should_stop or self._steps_done() or self.num_training_batches == 0 or (

@@ -578,3 +578,30 @@ def test_trainer_state_fn_stage_and_status_are_lightnings(tmp_path: pathlib.Path
     assert mine["train"][:3] == ["fit", "train", "running"] and mine["sanity"][:3] == ["fit", "sanity_check", "running"]
     assert mine["after_fit"][:4] == ["fit", None, "finished", False] and mine["before"][2] == "initializing"
     assert TrainerFn.FITTING == "fit" and RunningStage.SANITY_CHECKING.evaluating  # strings, as Lightning's
+
+
+def _fit_twice(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    """A second fit on the same Trainer (a notebook cell run again), then a new Trainer's fit of that module."""
+    probe = probe_callback(api.pl)
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, logger=False, enable_checkpointing=False,
+                                              callbacks=[probe]))
+    module = probe_module(api.pl)
+    train, val = loaders()
+    trainer.fit(module, train, val)
+    first, weights = dict(probe.calls), module.net.weight.detach().clone()
+    probe.calls.clear()
+    trainer.fit(module, train, val)
+    seen = {"first": first, "second": dict(probe.calls), "unchanged": torch.equal(weights, module.net.weight),
+            "progress": [trainer.current_epoch, trainer.global_step]}
+    again = api.pl.Trainer(**trainer_kwargs(root, max_epochs=1, logger=False, enable_checkpointing=False))
+    again.fit(module, train, val)  # shuffles from the global RNG the second fit left
+    seen["then"] = floats(again.callback_metrics)
+    return seen
+
+
+def test_a_second_fit_on_a_trainer_goes_on_from_where_the_first_ended_as_lightnings(tmp_path: pathlib.Path) -> None:
+    records = both(_fit_twice, tmp_path)
+    assert_same(records)
+    mine = records["fittrain"]
+    assert mine["unchanged"] and mine["progress"] == [2, 10] and "on_train_start" not in mine["second"]
+    assert mine["second"]["on_sanity_check_start"] == 1 and mine["first"]["on_train_start"] == 1
