@@ -1,4 +1,4 @@
-"""Suite-wide: the `subprocess` marker and the guard every test runs under.
+"""Suite-wide: the `subprocess` marker, the guard every test runs under, and the CPU as the device.
 
 `subprocess` marks the tests that start processes (torchrun and `fittrain launch` jobs, forked
 ranks, fresh interpreters): they are most of the suite's time, so `python -m pytest -m "not
@@ -13,6 +13,8 @@ The guard (`guard`, autouse) also restores the environment variables a test chan
 jobs (tests/support/jobs.py) a test left running, and fails a test that leaves a torch process
 group initialized or another child process running, after ending them, so that one test's
 leftovers never change the next one's result.
+
+CUDA is hidden from the suite (`TEST_CUDA` below) unless `FITTRAIN_TEST_CUDA=1`, which tests/gpu needs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ import sys
 from typing import Iterator
 
 import pytest
+
+#: The suite runs on the CPU wherever it runs, as CI does: its comparisons (bitwise with a hand loop, with
+#: Lightning and Accelerate on "cpu") hold for one device, and its 2-process jobs use gloo. So CUDA is
+#: hidden here, before anything initializes it, from this process and every process a test starts.
+#: tests/gpu holds the CUDA checks: on a GPU machine, `FITTRAIN_TEST_CUDA=1 python -m pytest tests/gpu`.
+TEST_CUDA = "FITTRAIN_TEST_CUDA"
+if os.environ.get(TEST_CUDA) != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 #: Fixtures that tests in several folders share (folder conftests hold those of one folder).
 pytest_plugins = ["support.training_fixtures"]

@@ -130,14 +130,6 @@ def test_gpu_benchmark_without_cuda_says_so_and_exits_cleanly(monkeypatch: pytes
     assert "\n" not in report
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_benchmark_on_cuda_with_tiny_sizes() -> None:
-    done = run_benchmark("gpu", "--quick", "--d-model", "64", "--heads", "4", "--layers", "2", "--seq", "32",
-                         "--batch", "4", "--vocab", "256", "--steps", "5", "--warmup", "2", "--repeats", "1")
-    assert ratio_rows(done.stdout, markdown=True)
-    assert "CUDA" in done.stdout  # the machine line names the CUDA version
-
-
 def test_exit_stress_runs_a_two_process_job_that_exits_cleanly() -> None:
     """The exit stress script (20 runs beside busy processes by default) with one run and no load."""
     done = run_benchmark("exit_stress", "--runs", "1", "--load", "0")
