@@ -169,18 +169,22 @@ class ScaledPrecision(AutocastPrecision):
                 f"scale what the closure computes. Received: closure={closure!r}. Call backward on the scaled "
                 "loss and step without a closure, or use bf16 or full precision for closure-based optimizers "
                 "such as LBFGS.")
-        if id(optimizer) in self._stepped:
-            self._update()
-        scale_before = self.scaler.get_scale()
+        # The overflow check is read before the optimizer's kernels are queued: GradScaler.step waits
+        # for it at this point anyway, whereas reading anything from the GPU after the step (the scale,
+        # say) would wait for the step's kernels too and leave the GPU idle until the next forward.
+        self.unscale_(optimizer)
+        found_inf = self._found_inf(optimizer)
+        scale_before = self.scaler.get_scale() if found_inf is None else None
         self.scaler.step(optimizer)
         self._unscaled.discard(id(optimizer))
-        if len(self._optimizers) > 1:
-            found_inf = self._found_inf(optimizer)
-            if found_inf is not None:
-                self._stepped.add(id(optimizer))  # updated at the next backward or state_dict()
-                return not found_inf
+        if len(self._optimizers) > 1 and found_inf is not None:
+            self._stepped.add(id(optimizer))  # updated at the next backward or state_dict()
+            return not found_inf
         self.scaler.update()
-        # The scaler lowers its scale exactly when it skipped the step for inf/NaN gradients.
+        if found_inf is not None:
+            return not found_inf
+        # Without a per-optimizer record, the scale tells: the scaler lowers it exactly when it
+        # skipped the step for inf/NaN gradients.
         return self.scaler.get_scale() >= scale_before
 
     def _found_inf(self, optimizer: torch.optim.Optimizer) -> bool | None:
