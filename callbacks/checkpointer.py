@@ -92,7 +92,9 @@ class Checkpointer(Callback):
 
     Args:
         every_n_steps: Save after every n-th optimizer step (accumulated batches count once).
-        every_n_epochs: Save at the end of every n-th epoch, after its validation.
+        every_n_epochs: Save at the end of every n-th epoch, after its validation; with `monitor`,
+            when the fit validates mid-epoch or not every epoch, after each validation of every
+            n-th epoch instead (`saves_after_validation`).
         total_limit: Keep only the newest this many of this run's checkpoints. None keeps the
             Accelerator's setting (unlimited unless configured).
         async_save: Write checkpoints on a background thread, training going on meanwhile (see
@@ -184,6 +186,7 @@ class Checkpointer(Callback):
         self._link: LastLink | None = None  # made at fit start, when its folder is known
         self._saving: SavePlan | None = None  # the save in progress, for state_dict
         self._saved = False  # whether this fit saved (save_last saves at its end otherwise)
+        self._training = False  # between on_train_start and on_train_end
         self._resumed = False
 
     def run_request(self) -> RunRequest:
@@ -222,6 +225,7 @@ class Checkpointer(Callback):
 
     def on_train_start(self, trainer: "Trainer") -> None:
         """Says when `dirpath` holds checkpoints this run did not resume from (they are kept beside its own)."""
+        self._training = True  # until on_train_end or an exception: validations now are the fit's
         folder = self._config.checkpoints_dir
         if self.dirpath and not self._resumed and trainer.accelerator.is_main_process and holds_checkpoints(folder):
             warnings.warn(f"Checkpointer(dirpath={self.dirpath!r}) holds checkpoints already. This run saves beside "
@@ -246,12 +250,30 @@ class Checkpointer(Callback):
             self._save(trainer)
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
-        """Saves at the end of every `every_n_epochs`-th epoch."""
-        if self.every_n_epochs is not None and (trainer.state.epoch + 1) % self.every_n_epochs == 0:
+        """Saves at the end of every `every_n_epochs`-th epoch (unless `saves_after_validation`)."""
+        if self._epoch_due(trainer) and not self.saves_after_validation(trainer):
             self._save(trainer)
+
+    def on_validation_end(self, trainer: "Trainer") -> None:
+        """When `saves_after_validation`, saves after each validation of the fit's `every_n_epochs`-th epochs
+        (not the sanity check's, nor `Trainer.validate`'s)."""
+        if (self._training and not trainer.sanity_checking and self._epoch_due(trainer)
+                and self.saves_after_validation(trainer)):
+            self._save(trainer)
+
+    def saves_after_validation(self, trainer: "Trainer") -> bool:
+        """Where an epoch's save happens: after each of its validations (True), or at its end. With
+        `monitor`, after each validation when the fit validates other than once at every epoch's end
+        (`val_every_n_steps`, `val_every_n_epochs` > 1), so that each save holds the weights its score
+        was measured on, as Lightning's rule does; without, at the epoch's end (one save an epoch)."""
+        return self.monitor is not None and not trainer.loops.schedule.each_epoch_end
+
+    def _epoch_due(self, trainer: "Trainer") -> bool:
+        return self.every_n_epochs is not None and (trainer.state.epoch + 1) % self.every_n_epochs == 0
 
     def on_train_end(self, trainer: "Trainer") -> None:
         """With `save_last`, a fit that saved nothing saves now, so that `last` exists (Lightning's rule)."""
+        self._training = False
         if self.save_last and not self._saved:
             self._save(trainer, lenient=True)
 
@@ -364,6 +386,7 @@ class Checkpointer(Callback):
 
         A failure of that write is added to `exception` as a note; the original stays the error raised.
         """
+        self._training = False
         try:
             trainer.accelerator.wait_for_checkpoint()
         except Exception as err:

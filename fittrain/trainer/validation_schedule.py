@@ -61,6 +61,9 @@ class ValidationSchedule:
 
     #: Whether `after_step` can answer True: the loop asks it after each optimizer step only then.
     mid_epoch = False
+    #: Whether validation, where there is any, ends every epoch and runs nowhere else: then a save at an
+    #: epoch's end holds the weights that epoch's validation measured (Checkpointer(monitor=...) asks).
+    each_epoch_end = True
 
     def after_step(self, state: "TrainState") -> bool:
         """Called after each optimizer step: whether a validation follows it."""
@@ -76,6 +79,7 @@ class AtEpochEnds(ValidationSchedule):
 
     def __init__(self, every: int) -> None:
         self.every = every
+        self.each_epoch_end = every == 1
 
     def at_epoch_end(self, epoch: int) -> bool:
         return (epoch + 1) % self.every == 0
@@ -85,6 +89,7 @@ class EveryNSteps(ValidationSchedule):
     """After every `every`-th optimizer step of the fit."""
 
     mid_epoch = True
+    each_epoch_end = False
 
     def __init__(self, every: int) -> None:
         self.every = every
@@ -97,6 +102,7 @@ class StepsOfEpochs(ValidationSchedule):
     """After every `every`-th optimizer step of every `epochs`-th epoch, counted from the epoch's start."""
 
     mid_epoch = True
+    each_epoch_end = False
 
     def __init__(self, every: int, epochs: int) -> None:
         self.every, self.epochs = every, epochs

@@ -201,3 +201,21 @@ def test_repr_names_the_best_checkpoint_arguments():
     assert repr(Checkpointer(every_n_epochs=1, monitor="val_acc", mode="max", save_top_k=3, restore_best=True)) == (
         "Checkpointer(every_n_steps=None, every_n_epochs=1, total_limit=None, async_save=False, "
         "monitor='val_acc', mode='max', save_top_k=3, restore_best=True)")
+
+
+@pytest.mark.parametrize("validation", [{"val_every_n_steps": 3}, {"val_every_n_epochs": 2}])
+def test_each_epoch_save_holds_the_weights_its_score_was_measured_on(make_loader, tmp_path, validation):
+    # Validation after steps 3, 6, 9 of 4-step epochs (or every other epoch): an epoch's end has trained past
+    # its last validation (or had none), so the epoch's saves come right after its validations instead.
+    checkpointer = Checkpointer(every_n_epochs=1, monitor="val_loss")
+    trainer, module = _fit(make_loader, tmp_path, checkpointer, by="epoch", scores=[0.0] * 4, max_epochs=3,
+                           **validation)
+    trainer.validate(module, make_loader())  # outside fit: no save
+    loader = make_loader()
+    x, y = torch.cat([b[0] for b in loader]), torch.cat([b[1] for b in loader])
+    expected_saves = 4 if "val_every_n_steps" in validation else 1  # steps 3, 6, 9, 12; epoch 2 of 3
+    assert len(checkpointer.best_k_models) == expected_saves
+    for path, score in checkpointer.best_k_models.items():
+        weights = load_file(pathlib.Path(path) / "model.safetensors")
+        val_loss = nn.functional.mse_loss(x @ weights["net.weight"].T + weights["net.bias"], y)
+        assert score == pytest.approx(float(val_loss), rel=1e-5), f"{path} holds other weights than its score's"

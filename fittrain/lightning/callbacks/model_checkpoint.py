@@ -178,20 +178,13 @@ class ModelCheckpoint(Callback):
 
 class _Saves(Checkpointer):
     """The Checkpointer of a `ModelCheckpoint`: its epoch trigger saves where Lightning's does
-    (`ModelCheckpoint.saves_at_epoch_end`): at the training epoch's end, or after each validation of
-    a fit (not the sanity check's) in every `every_n_epochs`-th epoch. A second save at one global
-    step is skipped, as in Lightning."""
+    (`ModelCheckpoint.saves_at_epoch_end`), monitored or not: at the training epoch's end, or after
+    each validation of a fit (not the sanity check's) in every `every_n_epochs`-th epoch. A second
+    save at one global step is skipped, as in Lightning."""
 
     def __init__(self, owner: ModelCheckpoint, **options: Any) -> None:
         super().__init__(**options)
         self._owner = owner
 
-    def on_train_epoch_end(self, trainer: "Trainer") -> None:
-        if self._owner.saves_at_epoch_end(trainer):
-            super().on_train_epoch_end(trainer)
-
-    def on_validation_end(self, trainer: "Trainer") -> None:
-        if (self.every_n_epochs is not None and trainer.fitting and not trainer.sanity_checking
-                and not self._owner.saves_at_epoch_end(trainer)
-                and (trainer.state.epoch + 1) % self.every_n_epochs == 0):
-            self._save(trainer)
+    def saves_after_validation(self, trainer: "Trainer") -> bool:
+        return not self._owner.saves_at_epoch_end(trainer)
