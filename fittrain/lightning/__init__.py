@@ -24,8 +24,9 @@ name: same, different or not applicable, and why.
 Modules: module, core; trainer with properties (its attributes), arguments (checks), build (loggers
 and callbacks), stages (setup/teardown), loop (epoch-end validations), connector (logging rows),
 metrics (the views), sharding (Lightning's per-process data), verbose (result tables), strategies,
-states (trainer.state.fn/stage/status); callbacks/, loggers/, utilities/. May import every fittrain
-layer (it is the top one); never `lightning`.
+states (trainer.state.fn/stage/status), missing (Lightning's names it lacks: importable, refused when
+built); callbacks/, loggers/, utilities/. May import every fittrain layer (it is the top one); never
+`lightning`.
 """
 
 from fittrain.accelerator.seeding import seed_everything

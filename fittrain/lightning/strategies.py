@@ -11,6 +11,7 @@ the Accelerator builds and with which arguments, as the strings "ddp" and "fsdp"
 
 Processes are started by `fittrain launch` (or torchrun), never by the strategy, so the options
 about starting them (`start_method`, `parallel_devices`, `cluster_environment`) are refused too.
+Lightning's other strategies (DeepSpeedStrategy, ...) can be imported; building one raises (missing.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from fittrain.accelerator.configuration import DistributedDataParallelKwargs, InitProcessGroupKwargs
 from fittrain.common.reprs import short_repr
+from fittrain.lightning.missing import STRATEGIES, missing
 
 #: DDP's keyword arguments that DDPStrategy passes on (DistributedDataParallelKwargs' fields).
 _DDP_OPTIONS = ("broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view",
@@ -139,3 +141,7 @@ class FSDPStrategy(Strategy):
 
 
 __all__ = ["DDPStrategy", "FSDPStrategy", "Strategy"]
+
+
+# Lightning's other strategies: importable, and refused where built, naming the fittrain way (missing.py).
+globals().update(missing(STRATEGIES, __name__))

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 import fittrain
 import fittrain.lightning as pl
 from fittrain.lightning import callbacks, loggers
+from fittrain.lightning.missing import Missing
 from lightning_programs import (
     assert_same,
     both,
@@ -46,6 +47,21 @@ def test_the_namespace_maps_onto_fittrain_classes() -> None:
                                       "ModelSummary", "TQDMProgressBar"}
     assert set(loggers.__all__) >= {"Logger", "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger"}
     assert issubclass(callbacks.ModelCheckpoint, pl.Callback) and issubclass(callbacks.EarlyStopping, pl.Callback)
+
+
+@pytest.mark.parametrize("module", ["", ".callbacks", ".loggers", ".strategies"])
+def test_every_public_lightning_name_imports_and_a_missing_one_refuses_to_be_built(module: str) -> None:
+    import importlib
+
+    theirs = importlib.import_module(f"lightning.pytorch{module}")
+    ours = importlib.import_module(f"fittrain.lightning{module}")
+    absent = [name for name in theirs.__all__ if not hasattr(ours, name)]
+    assert not absent, f"fittrain.lightning{module} lacks Lightning's {absent}: add them to lightning/missing.py"
+    for name in theirs.__all__:
+        made = getattr(ours, name)
+        if isinstance(made, type) and issubclass(made, Missing):
+            with pytest.raises(NotImplementedError, match=rf"^{name}: fittrain.lightning does not provide .*Instead: "):
+                made(1, key="value")  # whatever the arguments: refused where built
 
 
 @pytest.mark.subprocess

@@ -6,6 +6,7 @@
     LearningRateMonitor  lr-<Optimizer> to the loggers                                lr_monitor.py
     ModelSummary         the parameter table (fittrain.trainer.summary)               model_summary.py
     TQDMProgressBar      -> fittrain's ProgressBar                                    progress.py
+    Lightning's others   importable; building one raises, naming the fittrain way    ../missing.py
 """
 
 from fittrain.lightning.callbacks.base import Callback
@@ -14,5 +15,9 @@ from fittrain.lightning.callbacks.lr_monitor import LearningRateMonitor
 from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
 from fittrain.lightning.callbacks.model_summary import ModelSummary
 from fittrain.lightning.callbacks.progress import TQDMProgressBar
+from fittrain.lightning.missing import CALLBACKS, missing
+
+# Lightning's other names: importable, and refused where built, naming the fittrain way (missing.py).
+globals().update(missing(CALLBACKS, __name__))
 
 __all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "TQDMProgressBar"]
