@@ -187,6 +187,7 @@ class Checkpointer(Callback):
         self._saving: SavePlan | None = None  # the save in progress, for state_dict
         self._saved = False  # whether this fit saved (save_last saves at its end otherwise)
         self._training = False  # between on_train_start and on_train_end
+        self._validated = False  # a validation asked for a save at the end of its batch or epoch
         self._resumed = False
 
     def run_request(self) -> RunRequest:
@@ -240,7 +241,11 @@ class Checkpointer(Callback):
             self._publish(trainer)
 
     def on_train_batch_end(self, trainer: "Trainer") -> None:
-        """Saves when this batch completed an optimizer step whose number is a multiple of `every_n_steps`."""
+        """Saves when this batch completed an optimizer step whose number is a multiple of `every_n_steps`,
+        or when its validation asked for the epoch's save (`saves_after_validation`)."""
+        if self._validated:
+            self._validated = False
+            self._save(trainer)
         step = trainer.state.global_step
         # Inside an accumulation window (or on a skipped batch) the step did not move: nothing new to save.
         if self.every_n_steps is None or step == self._seen_step:
@@ -250,16 +255,21 @@ class Checkpointer(Callback):
             self._save(trainer)
 
     def on_train_epoch_end(self, trainer: "Trainer") -> None:
-        """Saves at the end of every `every_n_epochs`-th epoch (unless `saves_after_validation`)."""
-        if self._epoch_due(trainer) and not self.saves_after_validation(trainer):
+        """Saves at the end of every `every_n_epochs`-th epoch (unless `saves_after_validation`), or when the
+        epoch's closing validation asked for its save."""
+        if self._validated or (self._epoch_due(trainer) and not self.saves_after_validation(trainer)):
+            self._validated = False
             self._save(trainer)
 
     def on_validation_end(self, trainer: "Trainer") -> None:
-        """When `saves_after_validation`, saves after each validation of the fit's `every_n_epochs`-th epochs
-        (not the sanity check's, nor `Trainer.validate`'s)."""
+        """When `saves_after_validation`, asks for a save after each validation of the fit's
+        `every_n_epochs`-th epochs (not the sanity check's, nor `Trainer.validate`'s). The save is made at
+        the end of the validation's batch or epoch, the next event, at the same weights: by then every
+        callback has taken in this validation (EarlyStop's patience, say), whatever their order, so a
+        resume from the save, which does not validate again, goes on as the run did."""
         if (self._training and not trainer.sanity_checking and self._epoch_due(trainer)
                 and self.saves_after_validation(trainer)):
-            self._save(trainer)
+            self._validated = True
 
     def saves_after_validation(self, trainer: "Trainer") -> bool:
         """Where an epoch's save happens: after each of its validations (True), or at its end. With
@@ -386,7 +396,7 @@ class Checkpointer(Callback):
 
         A failure of that write is added to `exception` as a note; the original stays the error raised.
         """
-        self._training = False
+        self._training = self._validated = False
         try:
             trainer.accelerator.wait_for_checkpoint()
         except Exception as err:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from fittrain import Accelerator, Trainer, TrainModule
-from fittrain.callbacks import Checkpointer
+from fittrain.callbacks import Checkpointer, EarlyStop
 from fittrain.checkpoint import CheckpointError, ProjectConfiguration
 from fittrain.checkpoint.run_folders import run_folder, run_folders
 
@@ -57,12 +57,13 @@ def _names(project: pathlib.Path) -> list[str]:
 
 
 def _fit(make_loader: Callable[..., Any], project: pathlib.Path, checkpointer: Checkpointer,
-         scores: Any = STEP_SCORES, by: str = "step", **trainer_args: Any) -> tuple[Trainer, Scored]:
+         scores: Any = STEP_SCORES, by: str = "step", extra_callbacks: tuple = (),
+         **trainer_args: Any) -> tuple[Trainer, Scored]:
     """Fits a fresh Scored module (same initial weights every time) on 16 samples in batches of 4."""
     if by == "step":
         trainer_args.setdefault("val_every_n_steps", 2)
     trainer_args.setdefault("max_epochs", 3)
-    trainer = Trainer(project_dir=project, callbacks=[checkpointer], **trainer_args)
+    trainer = Trainer(project_dir=project, callbacks=[checkpointer, *extra_callbacks], **trainer_args)
     torch.manual_seed(0)
     module = Scored(scores, by)
     trainer.fit(module, make_loader(), make_loader())
@@ -219,3 +220,20 @@ def test_each_epoch_save_holds_the_weights_its_score_was_measured_on(make_loader
         weights = load_file(pathlib.Path(path) / "model.safetensors")
         val_loss = nn.functional.mse_loss(x @ weights["net.weight"].T + weights["net.bias"], y)
         assert score == pytest.approx(float(val_loss), rel=1e-5), f"{path} holds other weights than its score's"
+
+
+def test_a_save_after_a_mid_epoch_validation_holds_every_callbacks_view_of_it(make_loader, tmp_path):
+    # Listed before EarlyStop, the Checkpointer still saves after EarlyStop took the validation in: a run
+    # resumed from the save of step 9 (no improvement: patience 1 of 2 used) stops where the run did.
+    scores = {step: {3: 0.5, 6: 0.4}.get(step, 0.6 + 0.01 * step) for step in range(1, 25)}
+
+    def fit(project: pathlib.Path, resume_from: Any = None) -> Trainer:
+        callbacks = [Checkpointer(every_n_epochs=1, monitor="score"), EarlyStop(monitor="score", patience=2)]
+        return _fit(make_loader, project, callbacks[0], scores, val_every_n_steps=3, max_epochs=6,
+                    extra_callbacks=callbacks[1:], resume_from=resume_from)[0]
+
+    whole = fit(tmp_path / "whole")
+    assert whole.state.global_step == 12  # no improvement at steps 9 and 12
+    assert _names(tmp_path / "whole") == ["checkpoint_0", "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    resumed = fit(tmp_path / "whole", resume_from=run_folder(tmp_path / "whole") / "checkpoint_2")
+    assert resumed.state.global_step == 12
