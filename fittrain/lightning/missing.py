@@ -38,7 +38,6 @@ CALLBACKS = {
     "BasePredictionWriter": "trainer.predict(...) returns the predictions; or write them from a Callback's "
                             "on_predict_batch_end",
     "BatchSizeFinder": "fittrain has no tuner: pass the batch size you chose",
-    "Checkpoint": "subclass ModelCheckpoint, or fittrain.lightning.Callback",
     "DeviceStatsMonitor": f"{_WRITE_A_CALLBACK} that logs torch.cuda.memory_stats() values",
     "EMAWeightAveraging": f"{_WRITE_A_CALLBACK} that updates a torch.optim.swa_utils.AveragedModel",
     "GradientAccumulationScheduler": "Trainer(accumulate_grad_batches=n), one n for the whole fit",

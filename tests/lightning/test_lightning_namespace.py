@@ -47,6 +47,7 @@ def test_the_namespace_maps_onto_fittrain_classes() -> None:
                                       "ModelSummary", "TQDMProgressBar"}
     assert set(loggers.__all__) >= {"Logger", "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger"}
     assert issubclass(callbacks.ModelCheckpoint, pl.Callback) and issubclass(callbacks.EarlyStopping, pl.Callback)
+    assert issubclass(callbacks.ModelCheckpoint, callbacks.Checkpoint)  # `isinstance(cb, Checkpoint)` finds it
 
 
 @pytest.mark.parametrize("module", ["", ".callbacks", ".loggers", ".strategies"])

@@ -36,7 +36,12 @@ def _refuse(argument: str, value: Any, fix: str) -> ValueError:
                       f"Instead: {fix}.")
 
 
-class ModelCheckpoint(Callback):
+class Checkpoint(Callback):
+    """Lightning's base class of the callbacks that save checkpoints (`isinstance(cb, Checkpoint)` finds
+    ModelCheckpoint, as in Lightning); a subclass of its own saves nothing through fittrain."""
+
+
+class ModelCheckpoint(Checkpoint):
     """Lightning's `ModelCheckpoint`, mapped onto fittrain's `Checkpointer` (see the module docstring).
 
     Args:
