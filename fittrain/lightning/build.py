@@ -5,10 +5,11 @@ Lightning's defaults, kept:
 
 - `logger=True` (or None): a `TensorBoardLogger(save_dir=default_root_dir)`, i.e.
   `{default_root_dir}/lightning_logs/version_{n}`; `False`: no logger.
-- `enable_checkpointing=True`: a `ModelCheckpoint()` unless one is given (it saves at every epoch
-  end into `{logger's log_dir}/checkpoints`, keeping the newest); False with a ModelCheckpoint given
-  is an error, as in Lightning.
-- `enable_progress_bar=True`: a `TQDMProgressBar()` unless one is given; `enable_model_summary=True`:
+- `enable_checkpointing=True`: a `ModelCheckpoint()` unless a `Checkpoint` is given (it saves at every
+  epoch end into `{logger's log_dir}/checkpoints`, keeping the newest); False with one given is an
+  error, as in Lightning.
+- `enable_progress_bar=True`: a `TQDMProgressBar()` unless a `ProgressBar` is given (one of the
+  program's own draws in its hooks; fittrain's bar is TQDMProgressBar's); `enable_model_summary=True`:
   a `ModelSummary()` unless one is given. False with one of them given is an error.
 - Checkpoint callbacks run after the others (Lightning moves them to the end), so they save what
   EarlyStopping decided; the logger connector and `min_epochs` run last of all.
@@ -22,9 +23,9 @@ from fittrain.callbacks.grad_clip import GradClip
 from fittrain.callbacks.mixed_precision import MixedPrecision
 from fittrain.common.reprs import short_repr
 from fittrain.lightning.callbacks.base import Callback
-from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
+from fittrain.lightning.callbacks.model_checkpoint import Checkpoint, ModelCheckpoint
 from fittrain.lightning.callbacks.model_summary import ModelSummary
-from fittrain.lightning.callbacks.progress import TQDMProgressBar
+from fittrain.lightning.callbacks.progress import ProgressBar, TQDMProgressBar
 from fittrain.lightning.connector import LoggerConnector, MinimumLimits, Predictions
 from fittrain.lightning.loggers.base import Logger
 from fittrain.lightning.loggers.files import TensorBoardLogger
@@ -71,22 +72,24 @@ def lightning_callbacks(callbacks: Any, enable_checkpointing: bool, enable_progr
             raise TypeError(f"Trainer(callbacks=...) takes fittrain.lightning callbacks (subclasses of "
                             f"fittrain.lightning.Callback) or fittrain callbacks. Received: {short_repr(cb)} "
                             f"({type(cb).__name__}).")
-    for kind, enabled, argument in ((ModelCheckpoint, enable_checkpointing, "enable_checkpointing"),
-                                    (TQDMProgressBar, enable_progress_bar, "enable_progress_bar"),
-                                    (ModelSummary, enable_model_summary, "enable_model_summary")):
-        present = any(isinstance(cb, kind) for cb in ours)
-        if present and not enabled:
-            raise ValueError(f"Trainer was configured with `{argument}=False` but found `{kind.__name__}` in the "
-                             f"callbacks list. Remove it, or pass {argument}=True.")
-        if enabled and not present:
-            ours.append(kind())
+    # As in Lightning, any Checkpoint or ProgressBar given (a subclass of one's own too) stands for the default.
+    for kind, default, enabled, argument in (
+            (Checkpoint, ModelCheckpoint, enable_checkpointing, "enable_checkpointing"),
+            (ProgressBar, TQDMProgressBar, enable_progress_bar, "enable_progress_bar"),
+            (ModelSummary, ModelSummary, enable_model_summary, "enable_model_summary")):
+        present = next((cb for cb in ours if isinstance(cb, kind)), None)
+        if present is not None and not enabled:
+            raise ValueError(f"Trainer was configured with `{argument}=False` but found `{type(present).__name__}` in "
+                             f"the callbacks list. Remove it, or pass {argument}=True.")
+        if enabled and present is None:
+            ours.append(default())
     checkpoints = [cb for cb in ours if isinstance(cb, ModelCheckpoint)]
     if len(checkpoints) > 1:
         raise ValueError(f"Trainer(callbacks=...) holds {len(checkpoints)} ModelCheckpoints; fittrain.lightning takes "
                          "one (the checkpoints of a run share one folder and one ranking). Keep one ModelCheckpoint: "
                          "it takes every_n_train_steps or every_n_epochs, monitor, save_top_k and save_last together.")
-    others = [cb for cb in ours if not isinstance(cb, ModelCheckpoint)]
-    return others + checkpoints, native
+    others = [cb for cb in ours if not isinstance(cb, Checkpoint)]
+    return others + [cb for cb in ours if isinstance(cb, Checkpoint)], native
 
 
 def with_model_callbacks(callbacks: list[Callback], returned: Any, module_name: str) -> list[Callback]:
@@ -110,7 +113,7 @@ def with_model_callbacks(callbacks: list[Callback], returned: Any, module_name: 
         raise ValueError(f"{module_name}.configure_callbacks() adds a ModelCheckpoint beside {len(checkpoints) - 1} "
                          "other(s); fittrain.lightning takes one. Return one ModelCheckpoint, of the Trainer's class "
                          "or a subclass of it, so that it replaces the Trainer's.")
-    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + checkpoints
+    return [cb for cb in merged if not isinstance(cb, Checkpoint)] + [cb for cb in merged if isinstance(cb, Checkpoint)]
 
 
 def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list[NativeCallback],
@@ -134,9 +137,5 @@ def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list
     return built
 
 
-def progress_bar_of(callbacks: list[Callback]) -> TQDMProgressBar | None:
-    return next((cb for cb in callbacks if isinstance(cb, TQDMProgressBar)), None)
-
-
-__all__ = ["Predictions", "configure_loggers", "lightning_callbacks", "native_callbacks", "progress_bar_of",
+__all__ = ["Predictions", "configure_loggers", "lightning_callbacks", "native_callbacks",
            "with_model_callbacks"]

@@ -45,7 +45,6 @@ CALLBACKS = {
     "LearningRateFinder": "fittrain has no tuner: pass the learning rate you chose",
     "ModelPruning": f"{_WRITE_A_CALLBACK} that applies torch.nn.utils.prune",
     "OnExceptionCheckpoint": "ModelCheckpoint; fittrain also saves and exits 75 on SIGTERM/SIGUSR1 (preemption)",
-    "ProgressBar": "TQDMProgressBar, the bar fittrain draws",
     "RichModelSummary": "ModelSummary, a plain-text table",
     "RichProgressBar": "TQDMProgressBar: fittrain draws with tqdm",
     "SpikeDetection": f"{_WRITE_A_CALLBACK} that compares losses in on_train_batch_end",
@@ -64,6 +63,5 @@ STRATEGIES = {
     "DeepSpeedStrategy": "fittrain drives no DeepSpeed: FSDPStrategy() (FSDP2) shards parameters, gradients and "
                          "optimizer state",
     "ModelParallelStrategy": "give the native Trainer a fittrain.ParallelismConfig (tensor parallelism with FSDP2)",
-    "ParallelStrategy": "DDPStrategy or FSDPStrategy",
     "SingleDeviceStrategy": "leave strategy out and start one process",
 }

@@ -12,7 +12,7 @@ import torch
 
 from fittrain.lightning.callbacks.early_stopping import EarlyStopping
 from fittrain.lightning.callbacks.model_checkpoint import ModelCheckpoint
-from fittrain.lightning.callbacks.progress import TQDMProgressBar
+from fittrain.lightning.callbacks.progress import ProgressBar
 from fittrain.lightning.loggers.files import CSVLogger, TensorBoardLogger
 
 if TYPE_CHECKING:
@@ -259,8 +259,8 @@ class LightningAttributes:
         return next(iter(self.early_stopping_callbacks), None)
 
     @property
-    def progress_bar_callback(self) -> TQDMProgressBar | None:
-        return next((cb for cb in self.lightning_callbacks if isinstance(cb, TQDMProgressBar)), None)
+    def progress_bar_callback(self) -> ProgressBar | None:
+        return next((cb for cb in self.lightning_callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def lr_scheduler_configs(self) -> list[Any]:

@@ -87,7 +87,11 @@ class Strategy:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.ddp_options.items())})"
 
 
-class DDPStrategy(Strategy):
+class ParallelStrategy(Strategy):
+    """Lightning's base class of the strategies of several processes: DDPStrategy and FSDPStrategy."""
+
+
+class DDPStrategy(ParallelStrategy):
     """Lightning's `DDPStrategy`: DistributedDataParallel with its keyword arguments (`find_unused_parameters`,
     `static_graph`, `gradient_as_bucket_view`, `broadcast_buffers`, `bucket_cap_mb`).
 
@@ -119,7 +123,7 @@ class DDPStrategy(Strategy):
         super().__init__({**given, **kwargs}, process_group_backend, timeout)
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(ParallelStrategy):
     """Lightning's `FSDPStrategy`, as FSDP2 with its defaults: only `process_group_backend` and `timeout`
     are taken; Lightning's FSDP1 options are refused, naming fittrain's way.
 
@@ -140,7 +144,7 @@ class FSDPStrategy(Strategy):
         self.ddp_options = {}  # FSDP2 takes no DDP arguments
 
 
-__all__ = ["DDPStrategy", "FSDPStrategy", "Strategy"]
+__all__ = ["DDPStrategy", "FSDPStrategy", "ParallelStrategy", "Strategy"]
 
 
 # Lightning's other strategies: importable, and refused where built, naming the fittrain way (missing.py).

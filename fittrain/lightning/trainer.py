@@ -23,6 +23,7 @@ from fittrain.common.checks import check_non_negative_int, check_positive_int
 from fittrain.distributed.parallel import check_strategy
 from fittrain.lightning import arguments as args
 from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks, with_model_callbacks
+from fittrain.lightning.callbacks.progress import TQDMProgressBar
 from fittrain.lightning.connector import OptimizerSteps, Predictions
 from fittrain.lightning.loggers.base import DummyLogger
 from fittrain.lightning.loop import LightningLoopPlan
@@ -118,7 +119,9 @@ class Trainer(LightningAttributes, NativeTrainer):
             callbacks=natives, max_epochs=max_epochs_native, max_steps=max_steps_native,
             gradient_accumulation_steps=accumulate_grad_batches, project_dir=self.default_root_dir,
             val_every_n_epochs=val_epochs, val_every_n_steps=val_steps, strategy=processes.strategy,
-            enable_progress_bar=defaults["enable_progress_bar"], limit_train_batches=limit_train_batches,
+            # fittrain's bar is TQDMProgressBar's; a ProgressBar of the program's own draws in its hooks instead.
+            enable_progress_bar=any(isinstance(cb, TQDMProgressBar) for cb in self.lightning_callbacks),
+            limit_train_batches=limit_train_batches,
             limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
             limit_predict_batches=limit_predict_batches, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
             num_sanity_val_steps=defaults["num_sanity_val_steps"], max_time=max_time, deterministic=deterministic,

@@ -21,6 +21,7 @@ import fittrain
 import fittrain.lightning as pl
 from fittrain.lightning import callbacks, loggers
 from fittrain.lightning.missing import Missing
+from fittrain.trainer.progress import ProgressBar
 from lightning_programs import (
     assert_same,
     both,
@@ -48,6 +49,8 @@ def test_the_namespace_maps_onto_fittrain_classes() -> None:
     assert set(loggers.__all__) >= {"Logger", "TensorBoardLogger", "CSVLogger", "WandbLogger", "MLFlowLogger"}
     assert issubclass(callbacks.ModelCheckpoint, pl.Callback) and issubclass(callbacks.EarlyStopping, pl.Callback)
     assert issubclass(callbacks.ModelCheckpoint, callbacks.Checkpoint)  # `isinstance(cb, Checkpoint)` finds it
+    assert issubclass(callbacks.TQDMProgressBar, callbacks.ProgressBar)
+    assert issubclass(pl.strategies.DDPStrategy, pl.strategies.ParallelStrategy)
 
 
 @pytest.mark.parametrize("module", ["", ".callbacks", ".loggers", ".strategies"])
@@ -622,3 +625,36 @@ def test_a_second_fit_on_a_trainer_goes_on_from_where_the_first_ended_as_lightni
     mine = records["fittrain"]
     assert mine["unchanged"] and mine["progress"] == [2, 10] and "on_train_start" not in mine["second"]
     assert mine["second"]["on_sanity_check_start"] == 1 and mine["first"]["on_train_start"] == 1
+
+
+def test_a_progress_bar_of_the_programs_own_replaces_the_default_as_in_lightning() -> None:
+    class Dots(callbacks.ProgressBar):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches = 0
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.batches += 1
+
+    dots = Dots()
+    trainer = pl.Trainer(max_epochs=1, callbacks=[dots], logger=False, enable_checkpointing=False,
+                         enable_model_summary=False)
+    assert trainer.progress_bar_callback is dots
+    assert not any(isinstance(cb, callbacks.TQDMProgressBar) for cb in trainer.callbacks)
+    assert not any(isinstance(cb, ProgressBar) for cb in trainer.events.callbacks)  # fittrain draws no bar
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer.fit(Tiny(), DataLoader(torch.utils.data.TensorDataset(torch.randn(12, 2)), batch_size=4))
+    assert dots.batches == 3  # its hooks draw the program's bar
+    with pytest.raises(ValueError, match="`enable_progress_bar=False` but found `Dots`"):
+        pl.Trainer(callbacks=[Dots()], enable_progress_bar=False)

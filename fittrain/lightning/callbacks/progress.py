@@ -8,14 +8,19 @@ from typing import TYPE_CHECKING, Any
 from fittrain.common.checks import check_bool
 from fittrain.common.reprs import short_repr
 from fittrain.lightning.callbacks.base import Callback
-from fittrain.trainer.progress import ProgressBar
+from fittrain.trainer.progress import ProgressBar as NativeProgressBar
 
 if TYPE_CHECKING:
     from fittrain.lightning.trainer import Trainer
 
 
-class TQDMProgressBar(Callback):
-    """Lightning's `TQDMProgressBar`, mapped onto fittrain's `ProgressBar`.
+class ProgressBar(Callback):
+    """Lightning's base class of progress bars (`isinstance(cb, ProgressBar)` finds TQDMProgressBar, as in
+    Lightning); fittrain draws only TQDMProgressBar's bar."""
+
+
+class TQDMProgressBar(ProgressBar):
+    """Lightning's `TQDMProgressBar`, mapped onto fittrain's `ProgressBar` (fittrain/trainer/progress.py).
 
     Args:
         refresh_rate: 0 hides the bars; any other rate shows them, redrawn at most ten times a second
@@ -39,7 +44,7 @@ class TQDMProgressBar(Callback):
         self.refresh_rate = refresh_rate
         self.process_position = process_position
         self.leave = check_bool("leave", leave, owner="TQDMProgressBar")
-        self.bar = ProgressBar(enabled=refresh_rate > 0, leave=leave)
+        self.bar = NativeProgressBar(enabled=refresh_rate > 0, leave=leave)
 
     @property
     def is_enabled(self) -> bool:
