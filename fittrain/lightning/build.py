@@ -88,8 +88,7 @@ def lightning_callbacks(callbacks: Any, enable_checkpointing: bool, enable_progr
         raise ValueError(f"Trainer(callbacks=...) holds {len(checkpoints)} ModelCheckpoints; fittrain.lightning takes "
                          "one (the checkpoints of a run share one folder and one ranking). Keep one ModelCheckpoint: "
                          "it takes every_n_train_steps or every_n_epochs, monitor, save_top_k and save_last together.")
-    others = [cb for cb in ours if not isinstance(cb, Checkpoint)]
-    return others + [cb for cb in ours if isinstance(cb, Checkpoint)], native
+    return checkpoints_last(ours), native
 
 
 def with_model_callbacks(callbacks: list[Callback], returned: Any, module_name: str) -> list[Callback]:
@@ -113,7 +112,13 @@ def with_model_callbacks(callbacks: list[Callback], returned: Any, module_name: 
         raise ValueError(f"{module_name}.configure_callbacks() adds a ModelCheckpoint beside {len(checkpoints) - 1} "
                          "other(s); fittrain.lightning takes one. Return one ModelCheckpoint, of the Trainer's class "
                          "or a subclass of it, so that it replaces the Trainer's.")
-    return [cb for cb in merged if not isinstance(cb, Checkpoint)] + [cb for cb in merged if isinstance(cb, Checkpoint)]
+    return checkpoints_last(merged)
+
+
+def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
+    """`callbacks` with the Checkpoints moved to the end, each group in its order (Lightning's order)."""
+    return [cb for cb in callbacks if not isinstance(cb, Checkpoint)] + [cb for cb in callbacks
+                                                                        if isinstance(cb, Checkpoint)]
 
 
 def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list[NativeCallback],

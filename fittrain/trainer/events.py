@@ -27,7 +27,8 @@ The loop that fires them, in the order `Trainer.fit` runs it::
             on_validation_start
             on_validation_batch_start, on_validation_batch_end  (around each validation batch)
             on_validation_end                         # EarlyStop decides here
-        on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here
+        on_train_epoch_end                            # Checkpointer(every_n_epochs) saves here (with a monitor
+                                                      # and mid-epoch validation: at on_train_batch_end)
         stop if trainer.state.should_stop
     on_train_end
     on_fit_end

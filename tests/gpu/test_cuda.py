@@ -34,11 +34,11 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 1))
 
 
-def _loader(shuffle: bool = True) -> DataLoader:
+def _loader() -> DataLoader:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(96, 16, generator=generator)
     y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(96, 1, generator=generator)
-    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=shuffle)
+    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
 
 
 class Regression(TrainModule):
