@@ -81,7 +81,7 @@ class LightningAttributes:
         """The datamodule of the current (or last) stage, or None."""
         return self._datamodule
 
-    # Lightning's readings of the stage (trainer.state.fn and .stage: fittrain/lightning/states.py).
+    # Lightning's readings of the stage (trainer.state.fn and .stage: fittrain/lightning/trainer/states.py).
     @property
     def started_stage(self) -> str | None:
         """The stage last started ("fit", "validate", "test", "predict"), kept after it ends; None before any."""

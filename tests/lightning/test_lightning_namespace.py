@@ -68,6 +68,61 @@ def test_every_public_lightning_name_imports_and_a_missing_one_refuses_to_be_bui
                 made(1, key="value")  # whatever the arguments: refused where built
 
 
+#: Lightning's module paths that programs import names from, beyond the packages' own (`from
+#: lightning.pytorch.loggers.tensorboard import TensorBoardLogger`), with the names they import there.
+SUBMODULE_NAMES = {
+    "core.module": ["LightningModule"],
+    "core.datamodule": ["LightningDataModule"],
+    "trainer.trainer": ["Trainer"],
+    "trainer.states": ["TrainerFn", "RunningStage", "TrainerStatus"],
+    "callbacks.callback": ["Callback"],
+    "callbacks.checkpoint": ["Checkpoint"],
+    "loggers.logger": ["Logger", "DummyLogger", "rank_zero_experiment"],
+    "loggers.tensorboard": ["TensorBoardLogger"],
+    "loggers.csv_logs": ["CSVLogger", "ExperimentWriter"],
+    "loggers.wandb": ["WandbLogger"],
+    "loggers.mlflow": ["MLFlowLogger"],
+    "utilities.exceptions": ["MisconfigurationException"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(SUBMODULE_NAMES))
+def test_lightnings_module_paths_import_the_same_names(path: str) -> None:
+    import importlib
+
+    theirs = importlib.import_module(f"lightning.pytorch.{path}")
+    ours = importlib.import_module(f"fittrain.lightning.{path}")
+    package = importlib.import_module(f"fittrain.lightning.{path.split('.')[0]}")
+    for name in SUBMODULE_NAMES[path]:
+        assert hasattr(theirs, name), f"lightning.pytorch.{path} has no {name}: the table above is wrong"
+        made = getattr(ours, name)
+        # The same object as under the package's name (or the top-level one), not a second definition.
+        assert made is getattr(package, name, getattr(pl, name, made)), (path, name)
+    assert set(getattr(ours, "__all__", ())) >= set(SUBMODULE_NAMES[path]) or path.startswith("trainer.")
+
+
+def test_rank_zero_experiment_gives_the_experiment_on_rank_zero_and_an_absorber_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fittrain.lightning.loggers.logger import Logger, rank_zero_experiment
+    from fittrain.lightning.utilities.exceptions import MisconfigurationException
+
+    class ListLogger(Logger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> list[Any]:
+            return self.rows
+
+        rows: list[Any] = []
+
+    logger = ListLogger()
+    assert logger.experiment is ListLogger.rows
+    monkeypatch.setenv("RANK", "1")  # what torchrun tells the second process; no process group here
+    other = logger.experiment
+    assert other is not ListLogger.rows
+    assert other.append("row") is None and ListLogger.rows == []  # any call is taken and does nothing
+    assert issubclass(MisconfigurationException, Exception)
+
+
 @pytest.mark.subprocess
 def test_fittrain_lightning_never_imports_lightning(tmp_path: pathlib.Path) -> None:
     code = textwrap.dedent("""
@@ -590,7 +645,7 @@ def _state_readings(api: Any, root: pathlib.Path) -> dict[str, Any]:
 
 
 def test_trainer_state_fn_stage_and_status_are_lightnings(tmp_path: pathlib.Path) -> None:
-    from fittrain.lightning.states import RunningStage, TrainerFn
+    from fittrain.lightning.trainer.states import RunningStage, TrainerFn
 
     records = both(_state_readings, tmp_path)
     assert_same(records)

@@ -156,6 +156,12 @@ def _check(python: pathlib.Path, cwd: pathlib.Path, *extra_modules: str) -> dict
     return json.loads(_run([python, "-I", "-c", CHECK, *extra_modules], cwd=cwd).stdout.strip().splitlines()[-1])
 
 
+def _packages(folder: pathlib.Path, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The subpackages under `folder` (folders with an __init__.py), as name paths below it."""
+    return {prefix + init.parent.relative_to(folder).parts for init in folder.rglob("__init__.py")
+            if init.parent != folder and "__pycache__" not in init.parts}
+
+
 def _parent_fittrain_entries() -> list[str]:
     """The parent environment's own fittrain install (dist-info, editable hooks), if any.
 
@@ -169,9 +175,12 @@ def test_regular_install_ships_fittrain_callbacks_and_py_typed(tmp_path, fresh_v
     python, site = fresh_venv
     source = _copy_source(tmp_path / "src")
     parent_entries = _parent_fittrain_entries()
+    packages = _packages(source / "fittrain") | {("callbacks",)} | _packages(source / "callbacks", ("callbacks",))
     _install(python, outside, str(source))
     assert _parent_fittrain_entries() == parent_entries
     shutil.rmtree(source)  # a regular install is a copy: it must not need the source any more
+    # Every subpackage of the source ships (setup.cfg lists them one by one: a new one must be added there).
+    assert _packages(site / "fittrain") == packages
 
     found = _check(python, outside)
     site = site.resolve()

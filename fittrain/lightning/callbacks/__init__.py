@@ -7,6 +7,8 @@
     ModelSummary         the parameter table (fittrain.trainer.summary)               model_summary.py
     TQDMProgressBar      -> fittrain's ProgressBar (a ProgressBar)                    progress.py
     Lightning's others   importable; building one raises, naming the fittrain way    ../missing.py
+
+Lightning's paths `callbacks.callback` (Callback) and `callbacks.checkpoint` (Checkpoint) import too.
 """
 
 from fittrain.lightning.callbacks.base import Callback

@@ -6,6 +6,9 @@
     WandbLogger        fittrain's WandBTracker (pip install fittrain[wandb])            external.py
     MLFlowLogger       fittrain's MLflowTracker (pip install fittrain[mlflow])          external.py
     Lightning's others (CometLogger, NeptuneLogger, LitLogger): building one raises   ../missing.py
+
+Lightning's module paths import too: `loggers.logger` (Logger, DummyLogger, rank_zero_experiment),
+`loggers.tensorboard`, `loggers.csv_logs`, `loggers.wandb`, `loggers.mlflow`.
 """
 
 from fittrain.lightning.loggers.base import Logger

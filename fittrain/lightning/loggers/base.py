@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 from fittrain.accelerator.process_logging import process_index
 from fittrain.common.reprs import short_repr
+from fittrain.trackers.base import NoOpTracker
 from fittrain.trainer.hparams import recordable_value
 
 
@@ -80,14 +82,32 @@ class Logger:
         return "/"
 
 
+def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Lightning's decorator for a custom logger's `experiment` property: on rank 0 what `fn` returns,
+    on the other processes an object that takes any call and does nothing, so that
+    `self.logger.experiment.add_image(...)` runs on every process and writes once.
+
+    Example:
+        >>> class PrintLogger(Logger):
+        ...     @property
+        ...     @rank_zero_experiment
+        ...     def experiment(self):
+        ...         return open("log.txt", "a")
+    """
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        return fn(self) if is_main_process() else NoOpTracker("dummy")
+
+    return experiment
+
+
 class DummyLogger(Logger):
     """What the loggers become under `fast_dev_run` (Lightning's): every call does nothing, and
     `experiment` absorbs any call, so `self.logger.experiment.add_image(...)` still runs."""
 
     @property
     def experiment(self) -> Any:
-        from fittrain.trackers.base import NoOpTracker  # noqa: PLC0415 -- only for fast_dev_run
-
         return NoOpTracker("dummy")
 
     def __getitem__(self, index: int) -> "DummyLogger":

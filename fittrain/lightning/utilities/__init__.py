@@ -3,6 +3,7 @@
     rank_zero_only, rank_zero_info, rank_zero_warn (rank_zero_debug)  rank_zero.py
     grad_norm                                                         grads.py
     types: STEP_OUTPUT, OptimizerLRScheduler, TRAIN_DATALOADERS, ...  types.py
+    exceptions: MisconfigurationException                             exceptions.py
 
 `rank_zero_only` asks for the rank at each call (the process group's, else the launcher's variables)
 instead of keeping Lightning's `rank_zero_only.rank` attribute, so there is no module state to set.

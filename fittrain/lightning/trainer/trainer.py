@@ -31,7 +31,7 @@ from fittrain.lightning.metrics import LoggedNames
 from fittrain.lightning.module import LightningModule, check_lightning_module
 from fittrain.lightning.properties import LightningAttributes
 from fittrain.lightning.stages import LightningStages
-from fittrain.lightning.states import LightningState
+from fittrain.lightning.trainer.states import LightningState
 from fittrain.lightning.verbose import print_results
 from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.evaluation import as_test_name
