@@ -257,8 +257,14 @@ class SavePlan:
     error: str | None = None
 
 
+#: How a missing monitored metric is refused: (the argument that names it, a further fix).
+MONITOR_REFUSAL = ("`Checkpointer(monitor=...)`", "; and save after validations: every_n_epochs=..., or "
+                   "every_n_steps=... a multiple of Trainer(val_every_n_steps=...)")
+
+
 def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTemplate | None,
-              last: NameTemplate | None, link: LastLink, step: int | None = None) -> SavePlan:
+              last: NameTemplate | None, link: LastLink, step: int | None = None,
+              refusal: tuple[str, str] = MONITOR_REFUSAL) -> SavePlan:
     """Works out a save from the Trainer's `state` (on the main process); an error is returned, not raised,
     so that the caller can share it and every process raises alike.
 
@@ -270,6 +276,8 @@ def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTem
         link: The `last` link, which chooses its name.
         step: What `{step}` is: the Trainer's own count when it keeps one (fittrain.lightning counts every
             optimizer.step(), as Lightning does); by default the optimizer steps of `state`.
+        refusal: For a missing monitored metric: the argument that names it and a further fix, in the
+            terms of the callback's class (`MONITOR_REFUSAL`, or fittrain.lightning's ModelCheckpoint's).
     """
     step = state.global_step if step is None else step
     metrics, when = state.metrics, f" at the save after optimizer step {step}"
@@ -277,7 +285,7 @@ def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTem
     plan = SavePlan()
     try:
         if monitor is not None:
-            plan.score = _score(monitor, metrics, when, lenient)
+            plan.score = _score(monitor, metrics, when, lenient, refusal)
         if names is not None:
             plan.name = names.format(values, when)
         if last is not None:
@@ -287,16 +295,14 @@ def plan_save(state: Any, monitor: Monitor | None, lenient: bool, names: NameTem
     return plan
 
 
-def _score(monitor: Monitor, metrics: dict[str, float], when: str, lenient: bool) -> float:
+def _score(monitor: Monitor, metrics: dict[str, float], when: str, lenient: bool, refusal: tuple[str, str]) -> float:
     value = monitor.read(metrics)
     if value is not None:
         return float(value)
     if lenient:  # it was there before (a run that popped it), or the save at train end: rank it last
         return math.nan
-    raise ValueError(monitor.missing(
-        sorted(metrics), "`Checkpointer(monitor=...)`", when,
-        "; and save after validations: every_n_epochs=..., or every_n_steps=... a multiple of "
-        "Trainer(val_every_n_steps=...)"))
+    where, then = refusal
+    raise ValueError(monitor.missing(sorted(metrics), where, when, then))
 
 
 def check_save_last(value: Any) -> bool | str:

@@ -20,6 +20,7 @@ from fittrain.trainer.events import Callback, RunRequest
 from fittrain.trainer.monitor import Monitor
 
 from .checkpoint_names import (
+    MONITOR_REFUSAL,
     LastLink,
     NameTemplate,
     Ranking,
@@ -140,6 +141,8 @@ class Checkpointer(Callback):
     CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ""
     STARTING_VERSION = 1
+    #: How a save refuses a monitored metric that does not exist: the argument, a further fix.
+    monitor_refusal = MONITOR_REFUSAL
 
     def __init__(self, every_n_steps: int | None = None, every_n_epochs: int | None = None,
                  total_limit: int | None = None, async_save: bool = False, monitor: str | None = None,
@@ -324,7 +327,7 @@ class Checkpointer(Callback):
             # fittrain.lightning's Trainer counts its global_step as Lightning does (every optimizer.step()
             # in manual optimization); its names must say that count.
             mine = plan_save(trainer.state, self._monitor, bool(self._ranking.entries) or lenient, *self._names,
-                             self._link, getattr(trainer, "global_step", None))
+                             self._link, getattr(trainer, "global_step", None), self.monitor_refusal)
         plan = SavePlan(*acc.broadcast(mine and dataclasses.astuple(mine)))
         if plan.error is not None:
             raise ValueError(plan.error)

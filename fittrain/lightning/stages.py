@@ -33,9 +33,18 @@ if TYPE_CHECKING:
 MODULE_LOADERS = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 
 
-def _module_loader(module: Any, method: str) -> Any:
-    """`module.<method>()` when the module's class defines it, else None."""
-    return getattr(module, method)() if callable(getattr(type(module), method, None)) else None
+def _module_loader(module: Any, method: str, needed_by: str | None = None) -> Any:
+    """`module.<method>()` when the module's class defines it, else None; or, when the loader is
+    `needed_by` a stage ("fit", "validate", ...) that was given none, a TypeError in Lightning's terms.
+    """
+    if callable(getattr(type(module), method, None)):
+        return getattr(module, method)()
+    if needed_by is not None:
+        argument = "train_dataloaders" if needed_by == "fit" else "dataloaders"
+        raise TypeError(f"Trainer.{needed_by}() received no {argument} and no datamodule, and "
+                        f"{type(module).__name__} defines no {method}(). Pass {needed_by}(model, {argument}="
+                        f"DataLoader(...)) or {needed_by}(model, datamodule=...), or define {method}() on the module.")
+    return None
 
 
 class LightningStages(DataStages):
@@ -56,7 +65,7 @@ class LightningStages(DataStages):
                     datamodule: Any) -> tuple[Any, Any]:
         if datamodule is None and all(loader is None for loader in train):
             self._setup("fit", module)
-            train = (_module_loader(module, "train_dataloader"), None)
+            train = (_module_loader(module, "train_dataloader", needed_by="fit"), None)
             if all(loader is None for loader in val):
                 val = (_module_loader(module, "val_dataloader"), None)
             loaders = super().fit_loaders(module, train, val, None)
@@ -72,7 +81,7 @@ class LightningStages(DataStages):
         module = self.trainer.lightning_module
         if datamodule is None and loader is None and dataloaders is None:
             self._setup(stage, module)
-            found = super().loader(stage, _module_loader(module, MODULE_LOADERS[stage]), None, None)
+            found = super().loader(stage, _module_loader(module, MODULE_LOADERS[stage], needed_by=stage), None, None)
         else:
             found = super().loader(stage, loader, dataloaders, datamodule)
             self._setup(stage, module)

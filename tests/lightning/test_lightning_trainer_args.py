@@ -237,6 +237,29 @@ def test_what_a_fit_cannot_honour_is_refused_when_it_starts(tmp_path: pathlib.Pa
         pl.Trainer(**trainer_kwargs(tmp_path, logger=False)).test(Manual(), val)
 
 
+def test_a_fits_missing_inputs_are_named_in_lightnings_terms(tmp_path: pathlib.Path) -> None:
+    """What a Lightning program passed (or left out) is what the error names, not the native Trainer's
+    arguments (`train_loader`, `resume_from`, `Checkpointer`) it maps onto."""
+    from fittrain.lightning.callbacks import ModelCheckpoint
+
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False))
+    with pytest.raises(TypeError, match=r"^Trainer.fit\(\) received no train_dataloaders and no datamodule, and Probe "
+                                        r"defines no train_dataloader\(\)"):
+        trainer.fit(probe_module(pl))
+    with pytest.raises(TypeError, match=r"^Trainer.validate\(\) received no dataloaders .* val_dataloader\(\)"):
+        trainer.validate(probe_module(pl))
+    missing = tmp_path / "epoch=0-step=5.ckpt"
+    with pytest.raises(FileNotFoundError, match=rf"^Trainer.fit\(ckpt_path='{missing}'\) names a checkpoint that "
+                                                 "does not exist"):
+        trainer.fit(probe_module(pl), loaders()[0], ckpt_path=str(missing))
+    typo = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False,
+                                       callbacks=[ModelCheckpoint(monitor="val_los")]))
+    with pytest.raises(ValueError, match=r"^`ModelCheckpoint\(monitor=...\)` names a metric that does not exist .* "
+                                         r"Received: monitor='val_los'\. Metrics that exist: \[.*'val_loss'.*\]\. "
+                                         r"Pass one of them, or return/log 'val_los' from validation_step\.\n"):
+        typo.fit(probe_module(pl), *loaders())
+
+
 def test_a_strategy_object_gives_the_accelerator_ddps_and_the_process_groups_arguments(tmp_path: pathlib.Path) -> None:
     import datetime
     import inspect

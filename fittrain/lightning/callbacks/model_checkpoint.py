@@ -109,7 +109,7 @@ class ModelCheckpoint(Checkpoint):
 
     def _native(self) -> Checkpointer:
         top_k, monitored = self.save_top_k, self.monitor is not None
-        return _Saves(
+        return ModelCheckpointSaver(
             self,
             every_n_steps=self.every_n_train_steps, every_n_epochs=None if self.every_n_train_steps else
             self.every_n_epochs, monitor=self.monitor, mode=self.mode,
@@ -181,11 +181,15 @@ class ModelCheckpoint(Checkpoint):
                 f"save_top_k={self.save_top_k})")
 
 
-class _Saves(Checkpointer):
-    """The Checkpointer of a `ModelCheckpoint`: its epoch trigger saves where Lightning's does
-    (`ModelCheckpoint.saves_at_epoch_end`), monitored or not: at the training epoch's end, or after
-    each validation of a fit (not the sanity check's) in every `every_n_epochs`-th epoch. A second
-    save at one global step is skipped, as in Lightning."""
+class ModelCheckpointSaver(Checkpointer):
+    """The Checkpointer of a `ModelCheckpoint` (named so that an error raised in its hooks says whose):
+    its epoch trigger saves where Lightning's does (`ModelCheckpoint.saves_at_epoch_end`), monitored
+    or not: at the training epoch's end, or after each validation of a fit (not the sanity check's)
+    in every `every_n_epochs`-th epoch. A second save at one global step is skipped, as in Lightning."""
+
+    # A missing monitored metric is refused in the program's terms; ModelCheckpoint saves after
+    # validations by default, so there is no further fix to suggest.
+    monitor_refusal = ("`ModelCheckpoint(monitor=...)`", "")
 
     def __init__(self, owner: ModelCheckpoint, **options: Any) -> None:
         super().__init__(**options)

@@ -20,6 +20,7 @@ from fittrain.accelerator.accelerator import Accelerator
 from fittrain.accelerator.seeding import seed_everything
 from fittrain.checkpoint.naming import ProjectConfiguration
 from fittrain.common.checks import check_non_negative_int, check_positive_int
+from fittrain.common.reprs import short_repr
 from fittrain.distributed.parallel import check_strategy
 from fittrain.lightning import arguments as args
 from fittrain.lightning.build import configure_loggers, lightning_callbacks, native_callbacks, with_model_callbacks
@@ -35,6 +36,7 @@ from fittrain.lightning.trainer.states import LightningState
 from fittrain.lightning.verbose import print_results
 from fittrain.trainer.datamodule import DataModule
 from fittrain.trainer.evaluation import as_test_name
+from fittrain.trainer.parts import check_path
 from fittrain.trainer.trainer import Trainer as NativeTrainer
 
 
@@ -339,6 +341,8 @@ class Trainer(LightningAttributes, NativeTrainer):
                                  "best model (or saved nothing yet). Pass a checkpoint folder, or ckpt_path='last'.")
             return callback.best_model_path
         if ckpt_path != "last":
+            if ckpt_path is not None:
+                _check_exists(ckpt_path, self.project_dir)
             return ckpt_path
         found = callback.last_model_path if callback is not None else ""
         if not found and callback is not None:
@@ -377,3 +381,13 @@ class Trainer(LightningAttributes, NativeTrainer):
             settle = getattr(logger, "_settle_version", None)
             if settle is not None and version is not None:
                 settle(version)
+
+
+def _check_exists(ckpt_path: Any, project_dir: str | os.PathLike) -> None:
+    """Refuses fit's `ckpt_path` when it names nothing (relative to the working directory or to
+    `default_root_dir`), in Lightning's terms: the native error would name `resume_from`."""
+    check_path("ckpt_path", ckpt_path)
+    if not any(os.path.lexists(p) for p in (ckpt_path, os.path.join(project_dir, ckpt_path))):
+        raise FileNotFoundError(f"Trainer.fit(ckpt_path={short_repr(os.fspath(ckpt_path), 300)}) names a checkpoint "
+                                "that does not exist. Pass the path of one a ModelCheckpoint saved (such as "
+                                "'lightning_logs/version_0/checkpoints/epoch=1-step=16.ckpt'), 'last' or 'best'.")
