@@ -231,15 +231,16 @@ class LightningAttributes:
         return self._loggers[0] if self._loggers else None
 
     @property
-    def log_dir(self) -> str:
-        """The first logger's folder (its `log_dir` for TensorBoard and CSV, else its `save_dir`), or
-        `default_root_dir` without a logger."""
+    def log_dir(self) -> str | None:
+        """The first logger's folder (its `log_dir` for TensorBoard and CSV, else its `save_dir`: None for
+        a logger of the program's own that has none, as in Lightning), or `default_root_dir` without a
+        logger."""
         if not self._loggers:
             return self.default_root_dir
         logger = self._loggers[0]
         self.settle_logger_versions()
         folder = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
-        return os.fspath(folder) if folder is not None else self.default_root_dir
+        return None if folder is None else os.fspath(folder)
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:

@@ -7,6 +7,7 @@ Each comparison runs one program with `lightning.pytorch` and with `fittrain.lig
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -300,6 +301,56 @@ def test_self_logger_and_the_loggers_experiments_are_lightnings(tmp_path: pathli
     records = both(_loggers_seen, tmp_path)
     assert_same(records)
     assert records["fittrain"]["experiments"][0] == "SummaryWriter"
+
+
+def _custom_logger(api: Any, root: pathlib.Path) -> dict[str, Any]:
+    """A logger of the program's own, written as Lightning's docs show (imports from the module paths)."""
+    import importlib
+
+    rank_zero_experiment = importlib.import_module(f"{api.pl.__name__}.loggers.logger").rank_zero_experiment
+    rank_zero_only = importlib.import_module(f"{api.pl.__name__}.utilities.rank_zero").rank_zero_only
+
+    class ListLogger(api.loggers.Logger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[Any] = []
+
+        @property
+        def name(self) -> str:
+            return "listed"
+
+        @property
+        def version(self) -> str:
+            return "v0"
+
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> list[Any]:
+            return self.rows
+
+        @rank_zero_only
+        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+            self.experiment.append(("hparams", sorted(dict(params))))
+
+        @rank_zero_only
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            self.experiment.append((step, sorted(metrics)))
+
+    logger = ListLogger()
+    trainer = api.pl.Trainer(**trainer_kwargs(root, max_epochs=2, logger=logger, log_every_n_steps=2))
+    trainer.fit(probe_module(api.pl), *loaders())
+    return {"rows": logger.rows, "log_dir": trainer.log_dir, "logger_is_it": trainer.logger is logger,
+            "checkpoints": os.path.relpath(trainer.checkpoint_callback.dirpath, root),
+            # fittrain's record of the order of saves (docs/coming_from_lightning.md) is no checkpoint.
+            "saved": sorted(set(os.listdir(trainer.checkpoint_callback.dirpath)) - {"saves.json"})}
+
+
+def test_a_logger_of_the_programs_own_gets_lightnings_rows_and_folders(tmp_path: pathlib.Path) -> None:
+    records = both(_custom_logger, tmp_path)
+    assert_same(records)
+    record = records["fittrain"]
+    assert record["log_dir"] is None and record["checkpoints"] == os.path.join("listed", "v0", "checkpoints")
+    assert len(record["rows"]) > 3 and record["saved"] == ["epoch=1-step=10.ckpt"]
 
 
 def _evaluation_on_step(api: Any, root: pathlib.Path) -> dict[str, Any]:
