@@ -26,7 +26,7 @@ from fittrain.lightning.callbacks.base import Callback
 from fittrain.lightning.callbacks.model_checkpoint import Checkpoint, ModelCheckpoint
 from fittrain.lightning.callbacks.model_summary import ModelSummary
 from fittrain.lightning.callbacks.progress import ProgressBar, TQDMProgressBar
-from fittrain.lightning.connector import LoggerConnector, MinimumLimits, Predictions
+from fittrain.lightning.connector import LoggerConnector, ManualSteps, MinimumLimits, Predictions
 from fittrain.lightning.loggers.base import Logger
 from fittrain.lightning.loggers.files import TensorBoardLogger
 from fittrain.lightning.sharding import DistributedSampling
@@ -122,9 +122,10 @@ def checkpoints_last(callbacks: list[Callback]) -> list[Callback]:
 
 
 def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list[NativeCallback],
-                     options: dict[str, Any]) -> list[NativeCallback]:
+                     options: dict[str, Any], manual: bool = False) -> list[NativeCallback]:
     """The native callback list of the Lightning Trainer: the given native ones, the Lightning ones'
-    natives in order, clipping and precision, then the connector, `min_*` limits and predictions."""
+    natives in order, clipping and precision, then the connector, `min_*` limits and predictions; for
+    a module with `manual` optimization, last, Lightning's count of its optimizer steps."""
     built: list[NativeCallback] = list(native)
     for callback in callbacks:
         built.extend(callback.native_callbacks(trainer))
@@ -139,6 +140,8 @@ def native_callbacks(trainer: "Trainer", callbacks: list[Callback], native: list
     if options["min_epochs"] or options["min_steps"]:
         built.append(MinimumLimits(options["min_epochs"], options["min_steps"]))
     built.append(trainer.predictions)
+    if manual:
+        built.append(ManualSteps(trainer.optimizer_steps))
     return built
 
 

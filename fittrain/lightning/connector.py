@@ -107,13 +107,9 @@ class LoggerConnector(NativeCallback):
 
 
 class OptimizerSteps(NativeCallback):
-    """Manual optimization as Lightning runs it, where it differs from the native loop:
-
-    - `global_step` counts each optimizer's `step()` (a GAN's two optimizers take two steps per
-      batch), where the native count is batches that stepped; saved in checkpoints;
-    - under DDP, the module's buffers (BatchNorm statistics) are broadcast from process 0 before
-      each training_step, as DDP's forward does in Lightning, which runs training_step through it
-      (the native loop runs it on the module itself, fittrain/trainer/manual.py).
+    """`global_step` as Lightning counts it in manual optimization: each optimizer's `step()` (a GAN's
+    two optimizers take two steps per batch), where the native count is batches that stepped; saved in
+    checkpoints. `ManualSteps` counts them, in the fits of modules with manual optimization.
 
     Attributes:
         count: The optimizer steps of this fit.
@@ -121,17 +117,42 @@ class OptimizerSteps(NativeCallback):
 
     def __init__(self) -> None:
         self.count = 0
-        self._buffers: list[Any] = []
 
     def on_fit_start(self, trainer: Any) -> None:
         if not trainer.state.global_step:  # a fit going on from the last one keeps its count
             self.count = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = int(state.get("count", 0))
+
+
+class ManualSteps(NativeCallback):
+    """Manual optimization as Lightning runs it, where it differs from the native loop, step by step:
+
+    - each optimizer step is counted into `OptimizerSteps`;
+    - under DDP, the module's buffers (BatchNorm statistics) are broadcast from process 0 before
+      each training_step, as DDP's forward does in Lightning, which runs training_step through it
+      (the native loop runs it on the module itself, fittrain/trainer/manual.py).
+
+    Only a fit of a module with manual optimization has it, last among the callbacks (it keeps no
+    state), so that automatic optimization fires no per-step event for it.
+
+    Args:
+        steps: Where the count goes.
+    """
+
+    def __init__(self, steps: OptimizerSteps) -> None:
+        self.steps = steps
+        self._buffers: list[Any] = []
+
     def on_train_start(self, trainer: Any) -> None:
-        """Decides once whether buffers are broadcast: manual optimization under DDP, with buffers."""
-        module, acc = trainer.module, trainer.accelerator
+        """Decides once whether buffers are broadcast: under DDP, with buffers."""
+        acc = trainer.accelerator
         ddp = acc.num_processes > 1 and type(acc.distributed_strategy).__name__ == "DDPStrategy"
-        self._buffers = list(module.buffers()) if ddp and not module.automatic_optimization else []
+        self._buffers = list(trainer.module.buffers()) if ddp else []
 
     def on_train_batch_start(self, trainer: Any) -> None:
         if self._buffers:
@@ -141,13 +162,7 @@ class OptimizerSteps(NativeCallback):
                 dist.broadcast(buffer, src=0)
 
     def on_before_optimizer_step(self, trainer: Any) -> None:
-        self.count += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"count": self.count}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.count = int(state.get("count", 0))
+        self.steps.count += 1
 
 
 class MinimumLimits(NativeCallback):

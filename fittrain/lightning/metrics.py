@@ -18,7 +18,8 @@ and the views read those names' current values from the native metrics:
     logged_metrics        the names with logger=True: x, or x_step and x_epoch (tensors)
     progress_bar_metrics  the names with prog_bar=True, as logged_metrics names them (floats)
 
-A call is noted once per (name, place, options): the per-step cost is one set lookup.
+A call is noted once per (name, place, options) and row: the per-step cost is one set lookup, which
+LightningModule.log makes itself in a training batch, where it runs at every step (`seen`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class LoggedNames:
         # An evaluation loop's rank-local means of what was logged without sync_dist (Lightning's: each
         # process its own; the native loop averages over every process): name -> [sum, weight].
         self.local: dict[str, list[Any]] = {}
-        self._seen: set[tuple[Any, ...]] = set()
+        # The calls noted since the last row, as (name, place, prog_bar, logger, on_step, on_epoch).
+        self.seen: set[tuple[Any, ...]] = set()
 
     def start_loop(self) -> None:
         """An evaluation loop starts: its local means start over."""
@@ -94,9 +96,9 @@ class LoggedNames:
         else:
             place = "step"
         key = (name, place, prog_bar, logger, on_step, on_epoch)
-        if key in self._seen:
+        if key in self.seen:
             return
-        self._seen.add(key)
+        self.seen.add(key)
         if place == "step":
             self._note_step(name, prog_bar, logger, on_step is None or bool(on_step), bool(on_epoch))
             return
@@ -205,7 +207,7 @@ class LoggedNames:
             self.eval_row = {}
         else:
             self.epoch_row, self.step_row = {}, {}
-        self._seen.clear()  # a name logged again must be noted again for the next row
+        self.seen.clear()  # a name logged again must be noted again for the next row
         return row
 
 

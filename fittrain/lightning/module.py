@@ -109,33 +109,47 @@ class LightningModule(TrainModule):
         Trainer's metric views and loggers (fittrain/lightning/metrics.py)."""
         trainer = self.__dict__.get("_trainer")
         names = getattr(trainer, "logged_names", None)
+        if names is None:  # no Lightning Trainer runs the module: the native log (which refuses without one)
+            super().log(name, value, prog_bar=prog_bar, logger=True if logger is None else logger, on_step=on_step,
+                        on_epoch=on_epoch, reduce_fx=reduce_fx, enable_graph=enable_graph, sync_dist=sync_dist,
+                        sync_dist_group=sync_dist_group, add_dataloader_idx=add_dataloader_idx,
+                        batch_size=batch_size, metric_attribute=metric_attribute, rank_zero_only=rank_zero_only)
+            return
         logger = True if logger is None else logger
-        if names is not None:
-            if trainer.barebones:
-                raise ValueError(f"{type(self).__name__}.log({name!r}, ...): logging is off in "
-                                 "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
+        if trainer.barebones:
+            raise ValueError(f"{type(self).__name__}.log({name!r}, ...): logging is off in "
+                             "Trainer(barebones=True), as in Lightning. Remove barebones=True to log.")
+        # The names a call records are noted for Lightning's views, once per row (LoggedNames.note); in a
+        # training batch, at every step, the "noted already" lookup is made here, without a call.
+        evaluation = trainer.evaluation
+        if evaluation.averager is None:
+            if trainer.batch is None or evaluation.running or (
+                    (name, "step", prog_bar, logger, on_step, on_epoch) not in names.seen):
+                names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
+        else:
             names.note(trainer, name, prog_bar, logger, on_step, on_epoch)
-            evaluating = trainer.evaluation.averager is not None
             # A torchmetrics Metric, computed by torchmetrics over every process; asked only in evaluation,
             # so a training step's self.log pays nothing for it.
-            metric = as_metric(value) if evaluating else None
-            if evaluating and metric is not None and on_step:
+            metric = as_metric(value)
+            if metric is not None and on_step:
                 raise ValueError(f"{type(self).__name__}.log({name!r}, {type(metric).__name__}, on_step=True) in an "
                                  "evaluation loop: fittrain logs a Metric's compute() at the loop's end only. Leave "
                                  "on_step out, or log the metric's value of the batch, metric(preds, target).")
-            if evaluating and not sync_dist and on_epoch is not False and metric is None:
-                names.add_local(name, value, float(batch_size or batch_size_of(trainer.evaluation.batch) or 1))
-            if on_step and evaluating:
+            if not sync_dist and on_epoch is not False and metric is None:
+                names.add_local(name, value, float(batch_size or batch_size_of(evaluation.batch) or 1))
+            if on_step:
                 # Lightning's per-batch value in an evaluation loop (x_step, for the loggers), which the
                 # native loop does not record; its mean over the loop is the native `x`.
                 names.record_eval_step(name, value, on_epoch)
                 if on_epoch is False:
                     return
                 on_step = None
-        super().log(name, value, prog_bar=prog_bar, logger=logger, on_step=on_step, on_epoch=on_epoch,
-                    reduce_fx=reduce_fx, enable_graph=enable_graph, sync_dist=sync_dist,
-                    sync_dist_group=sync_dist_group, add_dataloader_idx=add_dataloader_idx, batch_size=batch_size,
-                    metric_attribute=metric_attribute, rank_zero_only=rank_zero_only)
+        # What TrainModule.log does with a running Trainer, called here directly: this runs at every
+        # self.log of every training step, and a second frame with Lightning's 14 keyword arguments
+        # cost about a microsecond a call (benchmarks/overhead.py, "fittrain.lightning ... self.log x3").
+        if enable_graph or sync_dist_group is not None or metric_attribute is not None or rank_zero_only:
+            self._check_log_options(name, value, enable_graph, sync_dist_group, metric_attribute, rank_zero_only)
+        trainer.logged.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
 
     # ----------------------------------------------------------------- Lightning's attributes
     @property

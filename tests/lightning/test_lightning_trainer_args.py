@@ -152,6 +152,47 @@ def test_manual_optimization_counts_each_optimizer_step(tmp_path: pathlib.Path) 
     assert records["fittrain"]["global_step"] == 20  # 5 batches x 2 epochs x 2 optimizers
 
 
+def test_automatic_optimization_fires_no_per_step_event_of_manual_optimizations(tmp_path: pathlib.Path) -> None:
+    """Lightning's count of manual optimizer steps (and DDP's buffer broadcast) is a per-step callback
+    that only a module with manual optimization gets: automatic fits keep the native per-step path."""
+    from fittrain.trainer.events import Event
+
+    class Plain(pl.LightningModule):
+        def __init__(self, automatic: bool = True) -> None:
+            super().__init__()
+            self.automatic_optimization = automatic
+            self.net = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            if self.automatic_optimization:
+                return loss
+            self.optimizers().zero_grad()
+            self.manual_backward(loss)
+            self.optimizers().step()
+            self.optimizers().step()  # Lightning counts each optimizer step
+            return None
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    listening = lambda trainer: [trainer.events.listens(e)  # noqa: E731
+                                 for e in (Event.TRAIN_BATCH_START, Event.BEFORE_OPTIMIZER_STEP)]
+    trainer = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False, enable_checkpointing=False))
+    trainer.fit(Plain(), loaders()[0])
+    assert listening(trainer) == [False, False] and trainer.global_step == 5
+    trainer.validate(Plain(automatic=False), loaders()[1], verbose=False)  # each stage looks at its module
+    assert listening(trainer) == [True, True]
+    trainer.validate(Plain(), loaders()[1], verbose=False)
+    assert listening(trainer) == [False, False]
+    manual = pl.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, logger=False, enable_checkpointing=False))
+    manual.fit(Plain(automatic=False), loaders()[0])
+    assert manual.global_step == 10  # 5 batches x 2 steps
+
+
 def test_flags_lightning_sets_globally(tmp_path: pathlib.Path) -> None:
     before = torch.backends.cudnn.benchmark
     try:

@@ -115,6 +115,7 @@ class Trainer(LightningAttributes, NativeTrainer):
                    "min_steps": args.check_minimum("min_steps", min_steps)}
         natives = native_callbacks(self, self.lightning_callbacks, given_native, options)
         self._natives_given, self._native_options = given_native, options  # kept for configure_callbacks
+        self._manual = False  # whether the callbacks count a manual module's optimizer steps (ManualSteps)
         val_epochs, val_steps = args.validation_interval(val_check_interval, check_val_every_n_epoch,
                                                          accumulate_grad_batches)
         super().__init__(
@@ -304,13 +305,16 @@ class Trainer(LightningAttributes, NativeTrainer):
     def _attach_model_callbacks(self, model: LightningModule) -> None:
         """Lightning's `configure_callbacks()`, called as each stage starts: what it returns joins the
         callbacks, replacing those of the same class (`with_model_callbacks`), and the loop's events
-        then run the new list."""
+        then run the new list; so does a module with manual optimization after one without, and back."""
         returned = model.configure_callbacks()
-        if not returned:
+        manual = not model.automatic_optimization  # its steps are counted per step (connector.ManualSteps)
+        if not returned and manual == self._manual:
             return
-        self.lightning_callbacks = with_model_callbacks(self.lightning_callbacks, returned, type(model).__name__)
+        if returned:
+            self.lightning_callbacks = with_model_callbacks(self.lightning_callbacks, returned, type(model).__name__)
+        self._manual = manual
         self._use_callbacks(native_callbacks(self, self.lightning_callbacks, self._natives_given,
-                                             self._native_options))
+                                             self._native_options, manual))
 
     def _evaluation_inputs(self, stage: str, model: Any, ckpt_path: Any, loaders: Any,
                            datamodule: Any) -> tuple[Any, Any, Any]:
