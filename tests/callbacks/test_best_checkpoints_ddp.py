@@ -15,14 +15,15 @@ from fittrain.checkpoint import load_model_weights
 from fittrain.checkpoint.run_folders import run_checkpoints, run_folder
 from support.jobs import forked, run
 from support.results import read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(scope="module")
 def best_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("best")
-    run(forked(2, "best_ckpt_worker.py", "--out", str(out))).check()
+    out = shared_folder(tmp_path_factory, "best",
+                        lambda out: run(forked(2, "best_ckpt_worker.py", "--out", str(out))).check())
     return {"out": out, "ranks": read_results(out, 2)}
 
 

@@ -9,14 +9,15 @@ import pytest
 
 from support.jobs import forked, run
 from support.results import assert_state_equal, read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(scope="module")
 def stream_job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("streams")
-    run(forked(2, "stream_worker.py", "--out", str(out))).check()
+    out = shared_folder(tmp_path_factory, "streams",
+                        lambda out: run(forked(2, "stream_worker.py", "--out", str(out))).check())
     return read_results(out, 2)
 
 

@@ -1,7 +1,7 @@
-"""A session fixture's files made once per test run, not once per pytest-xdist worker.
+"""A fixture's files made once per test run, not once per pytest-xdist worker.
 
-A session-scoped fixture runs once per worker that needs it: with `-n auto` a 4-process job that
-several workers' tests read would run on each of them. `shared_folder` makes the first worker to
+A session- or module-scoped fixture runs once per worker that needs it: with `-n auto` a job
+whose tests are spread over several workers would run on each of them. `shared_folder` makes the first worker to
 ask fill the folder while the others wait for it (a file lock, with a timeout), and hands every
 worker the same folder. Only for folders the tests read and never change.
 """

@@ -13,14 +13,15 @@ import torch
 from fittrain.checkpoint import load_model_weights
 from support.jobs import forked, run
 from support.results import assert_state_equal, read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("ckpt_path")
-    run(forked(2, "ckpt_path_worker.py", "--out", str(out))).check()
+    out = shared_folder(tmp_path_factory, "ckpt_path",
+                        lambda out: run(forked(2, "ckpt_path_worker.py", "--out", str(out))).check())
     return read_results(out, 2)
 
 

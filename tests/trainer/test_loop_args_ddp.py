@@ -8,14 +8,15 @@ import pytest
 
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, assert_state_equal, read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("loop_args")
-    run(forked(2, "loop_args_worker.py", "--out", str(out))).check()
+    out = shared_folder(tmp_path_factory, "loop_args",
+                        lambda out: run(forked(2, "loop_args_worker.py", "--out", str(out))).check())
     return read_results(out, 2)
 
 

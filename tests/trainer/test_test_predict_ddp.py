@@ -11,6 +11,7 @@ import torch
 
 from support.jobs import forked, load_script, run
 from support.results import read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
@@ -24,8 +25,8 @@ def worker() -> Any:
 
 @pytest.fixture(scope="module")
 def eval_job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("test_predict")
-    run(forked(2, "eval_worker.py", "--out", str(out))).check()
+    out = shared_folder(tmp_path_factory, "test_predict",
+                        lambda out: run(forked(2, "eval_worker.py", "--out", str(out))).check())
     return read_results(out, 2)
 
 

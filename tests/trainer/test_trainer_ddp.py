@@ -9,15 +9,16 @@ from torch import nn
 from fittrain.checkpoint.run_folders import run_folder
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
 
 @pytest.fixture(scope="module")
 def trainer_job(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("trainer")
-    job = run(forked(2, "trainer_worker.py", "--out", str(out))).check()
-    return {"job": job, "ranks": read_results(out, 2), "out": out}
+    out = shared_folder(tmp_path_factory, "trainer",
+                        lambda out: run(forked(2, "trainer_worker.py", "--out", str(out))).check())
+    return {"ranks": read_results(out, 2), "out": out}
 
 
 def test_two_process_trainer_matches_one_process_with_double_batch(trainer_job, tmp_path):
