@@ -107,7 +107,9 @@ def drive(jobs: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------- the tests
-def _run_all(workdir: pathlib.Path) -> dict[str, tuple[int, str]]:
+def _run_all(workdir: pathlib.Path) -> None:
+    """Runs every example into `workdir/<name>/` (output.txt, exit_code), its groups side by side;
+    what a driver printed outside its examples' logs goes to `workdir/drivers.txt`."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FITTRAIN_STRATEGY"):
         env.pop(name, None)
@@ -126,11 +128,16 @@ def _run_all(workdir: pathlib.Path) -> dict[str, tuple[int, str]]:
             driver.kill()
             output, _ = driver.communicate()
         crashes.append(output)
+    (workdir / "drivers.txt").write_text("\n".join(crashes))
+
+
+def _read_all(workdir: pathlib.Path) -> dict[str, tuple[int, str]]:
+    """Each example's (exit code, output) from what `_run_all` wrote (-1: it never finished)."""
     results = {}
     for script in CASES:
         folder = workdir / script.removesuffix(".py")
         log = folder / "output.txt"
-        output = log.read_text() if log.exists() else "(never started)\n" + "\n".join(crashes)
+        output = log.read_text() if log.exists() else "(never started)\n" + (workdir / "drivers.txt").read_text()
         code_file = folder / "exit_code"
         results[script] = (int(code_file.read_text()) if code_file.exists() else -1, output)
     return results
@@ -138,7 +145,10 @@ def _run_all(workdir: pathlib.Path) -> dict[str, tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
-    return _run_all(tmp_path_factory.mktemp("examples"))
+    """Every example's run, made once for all test workers (the tests only read the logs)."""
+    from support.shared import shared_folder  # tests/ is not on sys.path where this file drives examples
+
+    return _read_all(shared_folder(tmp_path_factory, "examples", _run_all))
 
 
 def test_every_example_has_a_smoke_test() -> None:
