@@ -24,6 +24,7 @@ from fittrain.checkpoint import CheckpointError, load_model_weights
 from fittrain.checkpoint.consolidate import consolidate
 from fittrain.checkpoint.crc import file_checksum
 from support.jobs import forked, load_script, run
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
@@ -32,10 +33,10 @@ METADATA = "shards/metadata.json"
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The worker's output: project/checkpoints/checkpoint_{0,1} and weights_{0,1}.pt."""
-    out = tmp_path_factory.mktemp("sharded_metadata")
-    run(forked(2, "sharded_metadata_worker.py", "--out", str(out))).check()
-    return out
+    """The worker's output: project/checkpoints/checkpoint_{0,1} and weights_{0,1}.pt (shared by every
+    test worker: a test damages a copy, `project`)."""
+    return shared_folder(tmp_path_factory, "sharded_metadata",
+                         lambda out: run(forked(2, "sharded_metadata_worker.py", "--out", str(out))).check())
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 
 from support.jobs import forked, load_script, run
 from support.results import assert_state_close, read_results
+from support.shared import shared_folder
 
 pytestmark = pytest.mark.subprocess
 
@@ -29,8 +30,8 @@ def worker() -> Any:
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     found = {}
     for strategy in STRATEGIES:
-        out = tmp_path_factory.mktemp(f"compile_{strategy}")
-        run(forked(2, "compile_worker.py", "--out", str(out), "--strategy", strategy)).check()
+        out = shared_folder(tmp_path_factory, f"compile_{strategy}", lambda out, strategy=strategy: run(
+            forked(2, "compile_worker.py", "--out", str(out), "--strategy", strategy)).check())
         found[strategy] = read_results(out, 2)
     return found
 
